@@ -1,0 +1,97 @@
+//! Schedules as data: a list of transform steps replayed on a lowered te graph.
+//!
+//! A schedule never holds code. Each step names a stage by index and a loop by its position in
+//! that stage's current loop list (the list changes as steps apply, as in TVM's transform steps).
+//! [`crate::lower`] replays the steps and validates each one; a bad step is an error, never a
+//! wrong kernel.
+
+use serde::{Deserialize, Serialize};
+
+/// One transform step.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(tag = "step", rename_all = "snake_case")]
+pub enum Step {
+    /// Splits loop `at` into `factors.len() + 1` loops: an outer loop of extent
+    /// `ceil(extent / prod(factors))` followed by loops of the given extents (outer to inner).
+    /// A remainder is guarded.
+    Split {
+        /// Stage index.
+        stage: usize,
+        /// Loop position.
+        at: usize,
+        /// Inner extents, outer to inner.
+        factors: Vec<usize>,
+    },
+    /// Permutes the loops: new loop `i` is old loop `order[i]`.
+    Reorder {
+        /// Stage index.
+        stage: usize,
+        /// A permutation of the loop positions.
+        order: Vec<usize>,
+    },
+    /// Fuses loops `at` and `at + 1` into one.
+    Fuse {
+        /// Stage index.
+        stage: usize,
+        /// Position of the outer of the two loops.
+        at: usize,
+    },
+    /// Computes an elementwise consumer `stage` inside loop `at` of its producer `target`, over
+    /// the tile the producer has just finished there (epilogue fusion).
+    ComputeAt {
+        /// The consumer stage.
+        stage: usize,
+        /// The producer it attaches to.
+        target: usize,
+        /// Loop position in the producer; every reduce loop of the producer must be inside it.
+        at: usize,
+    },
+    /// Inlines an elementwise stage into its consumers (it gets no buffer or loop of its own).
+    ComputeInline {
+        /// Stage index.
+        stage: usize,
+    },
+    /// Accumulates the tile of the spatial loops inside loop `at` in a local block (registers),
+    /// written back once the loops inside `at` finish.
+    CacheWrite {
+        /// Stage index.
+        stage: usize,
+        /// Loop position whose body holds the accumulator.
+        at: usize,
+    },
+    /// Runs loop `at` on the thread pool; it must be the outermost loop of a root stage.
+    Parallel {
+        /// Stage index.
+        stage: usize,
+        /// Loop position.
+        at: usize,
+    },
+    /// Marks loop `at` as the vector loop: innermost, constant extent, no remainder guard.
+    Vectorize {
+        /// Stage index.
+        stage: usize,
+        /// Loop position.
+        at: usize,
+    },
+    /// Emits loop `at` with a constant trip count and asks for full unrolling.
+    Unroll {
+        /// Stage index.
+        stage: usize,
+        /// Loop position.
+        at: usize,
+    },
+}
+
+/// A complete schedule: the steps, in order.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Schedule {
+    /// The steps, applied in order.
+    pub steps: Vec<Step>,
+}
+
+impl Schedule {
+    /// The empty schedule: every stage a plain loop nest at the root.
+    pub fn naive() -> Self {
+        Schedule::default()
+    }
+}

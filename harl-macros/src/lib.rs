@@ -1,0 +1,1 @@
+//! The #[harl::kernel] attribute.

@@ -1,0 +1,299 @@
+//! The reference interpreter: a naive, obviously-correct evaluation of a te graph.
+//!
+//! Every kernel harl emits is tested against it. Floats are evaluated in f64 and rounded to the
+//! stage's type on store; i32 arithmetic wraps as Rust's release builds do.
+
+use crate::expr::{BinaryOp, CmpOp, DType, Expr, TensorRef, UnaryOp};
+use crate::graph::{Graph, ReduceOp};
+
+/// Why the interpreter stopped.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum InterpError {
+    /// Input count or length does not match the graph.
+    #[error("input {index} has {got} elements, expected {want}")]
+    InputLength {
+        /// Which input.
+        index: usize,
+        /// Elements given.
+        got: usize,
+        /// Elements expected.
+        want: usize,
+    },
+    /// Wrong number of inputs.
+    #[error("{got} inputs given, the graph has {want}")]
+    InputCount {
+        /// Given.
+        got: usize,
+        /// Expected.
+        want: usize,
+    },
+    /// A load left its tensor.
+    #[error("stage `{stage}` read `{tensor}` out of bounds")]
+    OutOfBounds {
+        /// The stage.
+        stage: String,
+        /// The tensor.
+        tensor: String,
+    },
+    /// Integer division by zero.
+    #[error("stage `{0}` divided an integer by zero")]
+    DivByZero(String),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Value {
+    F(f64),
+    I(i64),
+    B(bool),
+}
+
+impl Value {
+    fn f(self) -> f64 {
+        match self {
+            Value::F(v) => v,
+            Value::I(v) => v as f64,
+            Value::B(b) => b as i64 as f64,
+        }
+    }
+    fn i(self) -> i64 {
+        match self {
+            Value::F(v) => v as i64,
+            Value::I(v) => v,
+            Value::B(b) => b as i64,
+        }
+    }
+}
+
+/// Rounds `v` to what a tensor of `dtype` stores.
+pub fn round_to(v: f64, dtype: DType) -> f64 {
+    match dtype {
+        DType::F32 => v as f32 as f64,
+        DType::F64 => v,
+        DType::I32 => v as i64 as i32 as f64,
+        DType::Bool => (v != 0.0) as i64 as f64,
+    }
+}
+
+/// Evaluates the graph and returns the buffer of every stage (the output is the last).
+pub fn run_all(graph: &Graph, inputs: &[&[f64]]) -> Result<Vec<Vec<f64>>, InterpError> {
+    if inputs.len() != graph.inputs.len() {
+        return Err(InterpError::InputCount {
+            got: inputs.len(),
+            want: graph.inputs.len(),
+        });
+    }
+    for (index, (buf, p)) in inputs.iter().zip(&graph.inputs).enumerate() {
+        let want: usize = p.shape.iter().product();
+        if buf.len() != want {
+            return Err(InterpError::InputLength {
+                index,
+                got: buf.len(),
+                want,
+            });
+        }
+    }
+    let mut stages: Vec<Vec<f64>> = Vec::with_capacity(graph.stages.len());
+    for (si, stage) in graph.stages.iter().enumerate() {
+        let extents = stage.axis_extents();
+        let ns = stage.n_spatial();
+        let mut out = vec![0.0; stage.size()];
+        let mut axes = vec![0i64; extents.len()];
+        let ev = Eval {
+            graph,
+            inputs,
+            stages: &stages,
+            stage: si,
+        };
+        for (flat, slot) in out.iter_mut().enumerate() {
+            unflatten(flat, &extents[..ns], &mut axes[..ns]);
+            let v = match &stage.reduce {
+                None => ev.eval(&stage.body, &axes)?.f(),
+                Some(r) => {
+                    let mut acc = r.op.identity(stage.dtype);
+                    let count: usize = r.extents.iter().product();
+                    for ri in 0..count {
+                        unflatten(ri, &r.extents, &mut axes[ns..]);
+                        let x = ev.eval(&stage.body, &axes)?.f();
+                        acc = match r.op {
+                            ReduceOp::Sum => round_to(acc + x, stage.dtype),
+                            ReduceOp::Max => acc.max(x),
+                            ReduceOp::Min => acc.min(x),
+                        };
+                    }
+                    acc
+                }
+            };
+            *slot = round_to(v, stage.dtype);
+        }
+        stages.push(out);
+    }
+    Ok(stages)
+}
+
+/// Evaluates the graph and returns its output.
+pub fn run(graph: &Graph, inputs: &[&[f64]]) -> Result<Vec<f64>, InterpError> {
+    Ok(run_all(graph, inputs)?.pop().unwrap_or_default())
+}
+
+fn unflatten(mut flat: usize, extents: &[usize], out: &mut [i64]) {
+    for d in (0..extents.len()).rev() {
+        out[d] = (flat % extents[d]) as i64;
+        flat /= extents[d];
+    }
+}
+
+struct Eval<'a> {
+    graph: &'a Graph,
+    inputs: &'a [&'a [f64]],
+    stages: &'a [Vec<f64>],
+    stage: usize,
+}
+
+impl Eval<'_> {
+    fn eval(&self, e: &Expr, axes: &[i64]) -> Result<Value, InterpError> {
+        Ok(match e {
+            Expr::Const(v, d) => match d {
+                DType::I32 => Value::I(*v as i64),
+                DType::Bool => Value::B(*v != 0.0),
+                _ => Value::F(*v),
+            },
+            Expr::Axis(a) => Value::I(axes[*a]),
+            Expr::Load(t, idx) => {
+                let shape = self.graph.shape(*t);
+                let mut flat = 0usize;
+                for (i, &n) in idx.iter().zip(shape) {
+                    let v = self.eval(i, axes)?.i();
+                    if v < 0 || v >= n as i64 {
+                        return Err(InterpError::OutOfBounds {
+                            stage: self.graph.stages[self.stage].name.clone(),
+                            tensor: self.graph.name(*t).to_string(),
+                        });
+                    }
+                    flat = flat * n + v as usize;
+                }
+                let x = match t {
+                    TensorRef::Input(i) => self.inputs[*i][flat],
+                    TensorRef::Stage(i) => self.stages[*i][flat],
+                };
+                match self.graph.dtype(*t) {
+                    DType::I32 => Value::I(x as i64),
+                    DType::Bool => Value::B(x != 0.0),
+                    _ => Value::F(x),
+                }
+            }
+            Expr::Unary(op, a) => {
+                let v = self.eval(a, axes)?;
+                match (op, v) {
+                    (UnaryOp::Not, Value::B(b)) => Value::B(!b),
+                    (UnaryOp::Neg, Value::I(i)) => Value::I(wrap(-i)),
+                    (UnaryOp::Abs, Value::I(i)) => Value::I(wrap(i.abs())),
+                    (op, v) => Value::F(unary_f(*op, v.f())),
+                }
+            }
+            Expr::Binary(op, a, b) => {
+                let (x, y) = (self.eval(a, axes)?, self.eval(b, axes)?);
+                match (x, y) {
+                    (Value::I(x), Value::I(y)) => Value::I(wrap(self.int_op(*op, x, y)?)),
+                    (Value::B(x), Value::B(y)) => Value::B(match op {
+                        BinaryOp::Or => x || y,
+                        _ => x && y,
+                    }),
+                    (x, y) => Value::F(float_op(*op, x.f(), y.f())),
+                }
+            }
+            Expr::Cmp(op, a, b) => {
+                let (x, y) = (self.eval(a, axes)?, self.eval(b, axes)?);
+                let (x, y) = (x.f(), y.f());
+                Value::B(match op {
+                    CmpOp::Eq => x == y,
+                    CmpOp::Ne => x != y,
+                    CmpOp::Lt => x < y,
+                    CmpOp::Le => x <= y,
+                    CmpOp::Gt => x > y,
+                    CmpOp::Ge => x >= y,
+                })
+            }
+            Expr::Select(c, a, b) => match self.eval(c, axes)? {
+                Value::B(true) => self.eval(a, axes)?,
+                _ => self.eval(b, axes)?,
+            },
+            Expr::Cast(d, a) => {
+                let v = self.eval(a, axes)?;
+                match d {
+                    DType::I32 => Value::I(v.f() as i32 as i64),
+                    DType::F32 => Value::F(v.f() as f32 as f64),
+                    DType::F64 => Value::F(v.f()),
+                    DType::Bool => Value::B(v.f() != 0.0),
+                }
+            }
+        })
+    }
+
+    fn int_op(&self, op: BinaryOp, x: i64, y: i64) -> Result<i64, InterpError> {
+        let zero = || InterpError::DivByZero(self.graph.stages[self.stage].name.clone());
+        Ok(match op {
+            BinaryOp::Add => x + y,
+            BinaryOp::Sub => x - y,
+            BinaryOp::Mul => x.wrapping_mul(y),
+            BinaryOp::Div => x.checked_div(y).ok_or_else(zero)?,
+            BinaryOp::Rem => x.checked_rem(y).ok_or_else(zero)?,
+            BinaryOp::Min => x.min(y),
+            BinaryOp::Max => x.max(y),
+            BinaryOp::And | BinaryOp::Or => 0,
+        })
+    }
+}
+
+fn wrap(v: i64) -> i64 {
+    v as i32 as i64
+}
+
+/// The float semantics of a unary op, shared with codegen's tests.
+pub fn unary_f(op: UnaryOp, x: f64) -> f64 {
+    match op {
+        UnaryOp::Neg => -x,
+        UnaryOp::Abs => x.abs(),
+        UnaryOp::Exp => x.exp(),
+        UnaryOp::Log => x.ln(),
+        UnaryOp::Sqrt => x.sqrt(),
+        UnaryOp::Tanh => x.tanh(),
+        UnaryOp::Erf => erf(x),
+        UnaryOp::Not => (x == 0.0) as i64 as f64,
+    }
+}
+
+fn float_op(op: BinaryOp, x: f64, y: f64) -> f64 {
+    match op {
+        BinaryOp::Add => x + y,
+        BinaryOp::Sub => x - y,
+        BinaryOp::Mul => x * y,
+        BinaryOp::Div => x / y,
+        BinaryOp::Rem => x % y,
+        BinaryOp::Min => x.min(y),
+        BinaryOp::Max => x.max(y),
+        BinaryOp::And | BinaryOp::Or => 0.0,
+    }
+}
+
+/// The error function: Numerical Recipes' Chebyshev fit of erfc, |error| < 1.2e-7, below f32
+/// resolution. The runtime's `harl::runtime::erf` is the same formula, so kernels match the oracle.
+pub fn erf(x: f64) -> f64 {
+    let z = x.abs();
+    let t = 1.0 / (1.0 + 0.5 * z);
+    let r = t
+        * (-z * z - 1.265_512_23
+            + t * (1.000_023_68
+                + t * (0.374_091_96
+                    + t * (0.096_784_18
+                        + t * (-0.186_288_06
+                            + t * (0.278_868_07
+                                + t * (-1.135_203_98
+                                    + t * (1.488_515_87
+                                        + t * (-0.822_152_23 + t * 0.170_872_77)))))))))
+            .exp();
+    if x >= 0.0 {
+        1.0 - r
+    } else {
+        r - 1.0
+    }
+}

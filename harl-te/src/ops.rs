@@ -1,0 +1,1 @@
+//! The op library: common tensor operators built on te.

@@ -1,0 +1,1 @@
+//! harl: tensor kernels tuned ahead of time.
