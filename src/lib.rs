@@ -1,1 +1,41 @@
-//! harl: tensor kernels tuned ahead of time.
+//! # harl
+//!
+//! Tensor kernels tuned ahead of time and compiled into your binary.
+//!
+//! Declare a kernel with [`kernel`] (or register ops with `harl_build::Builder` in `build.rs`);
+//! the build script lowers it with a schedule from the tuning cache (or a good default), emits Rust
+//! with per-ISA multiversions, and the attribute expands to a typed, safe function that runs it.
+//!
+//! ```ignore
+//! #[harl::kernel(M = 64, K = 128, N = 256)]
+//! fn dense_relu(a: Tensor<f32, M, K>, w: Tensor<f32, K, N>, bias: Tensor<f32, N>) -> Tensor<f32, M, N> {
+//!     relu(matmul(a, w) + bias)
+//! }
+//! ```
+//! expands to `fn dense_relu(a: &[f32], w: &[f32], bias: &[f32], out: &mut [f32]) -> Result<(), harl::KernelError>`.
+//! See the README for the DSL and the build-script setup.
+
+#![warn(missing_docs)]
+
+pub mod runtime;
+
+pub use harl_macros::kernel;
+
+/// What a kernel call can go wrong with: only the buffers you pass it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KernelError {
+    /// A slice has the wrong number of elements for the kernel's static shape.
+    #[error("kernel `{kernel}`: argument `{arg}` has {got} elements, but its shape {shape} needs {want}")]
+    Length {
+        /// The kernel.
+        kernel: &'static str,
+        /// The argument.
+        arg: &'static str,
+        /// Elements given.
+        got: usize,
+        /// Elements needed.
+        want: usize,
+        /// The declared shape, e.g. `[64, 128]`.
+        shape: &'static str,
+    },
+}

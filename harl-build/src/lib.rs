@@ -1,8 +1,14 @@
 //! The build-time half of harl: lowering, schedules, Rust codegen, the tuning cache, and the
-//! [`Builder`] a downstream crate calls from `build.rs`.
+//! `Builder` a downstream crate calls from `build.rs`.
 
 #![warn(missing_docs)]
 
+pub mod cache;
+pub mod codegen;
+pub mod default_schedule;
+pub mod loop_ir;
+pub mod lower;
 pub mod schedule;
+pub mod target;
 
 pub use harl_te as te;

@@ -1,0 +1,395 @@
+//! The default schedule: what a kernel gets with no tuning record.
+//!
+//! It is the hand-written schedule an engineer would start from: elementwise producers inlined
+//! (except padding-like stages with selects, which are materialised so inner loops stay
+//! branch-free), reductions with a contiguous output axis tiled SSRSSRSS-style with a register
+//! accumulator (`cache_write`) of `mr x nr` elements, the `nr` axis vectorised and `mr` unrolled,
+//! the reduction split for cache blocking, elementwise consumers fused as an epilogue, and the
+//! outer spatial loops fused and run in parallel.
+
+use crate::schedule::{Schedule, Step};
+use harl_te::{Expr, Graph, TensorRef};
+
+/// The vector and register budget the default schedule plans for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CpuTarget {
+    /// Vector register width in bytes (64 for AVX-512, 32 for AVX2, 16 for NEON/SSE).
+    pub vector_bytes: usize,
+    /// Vector registers the accumulator may use.
+    pub acc_registers: usize,
+    /// Threads the parallel loop should feed.
+    pub threads: usize,
+}
+
+impl CpuTarget {
+    /// Plans for the CPU this code runs on (the build host).
+    pub fn host() -> Self {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                return CpuTarget {
+                    vector_bytes: 64,
+                    acc_registers: 16,
+                    threads,
+                };
+            }
+            if std::arch::is_x86_feature_detected!("avx2") {
+                return CpuTarget {
+                    vector_bytes: 32,
+                    acc_registers: 12,
+                    threads,
+                };
+            }
+        }
+        CpuTarget {
+            vector_bytes: 16,
+            acc_registers: 12,
+            threads,
+        }
+    }
+
+    /// A conservative plan for a target that cannot be probed (cross-compiling).
+    pub fn portable() -> Self {
+        CpuTarget {
+            vector_bytes: 32,
+            acc_registers: 12,
+            threads: 4,
+        }
+    }
+}
+
+/// Builds the default schedule for `graph`.
+pub fn default_schedule(graph: &Graph, target: &CpuTarget) -> Schedule {
+    let mut steps = Vec::new();
+    let last = graph.stages.len() - 1;
+    // Inline cheap elementwise producers, keep padding (selects) materialised.
+    let mut inlined = vec![false; graph.stages.len()];
+    for (s, stage) in graph.stages.iter().enumerate().take(last) {
+        if stage.reduce.is_none() && !has_select(&stage.body) {
+            steps.push(Step::ComputeInline { stage: s });
+            inlined[s] = true;
+        }
+    }
+    let reads = |c: usize| -> Vec<usize> {
+        // Stages `c` reads once its inlined producers are substituted.
+        let mut out = Vec::new();
+        let mut stack = vec![c];
+        while let Some(x) = stack.pop() {
+            for t in graph.stages[x].body.loads() {
+                if let TensorRef::Stage(p) = t {
+                    if inlined[p] {
+                        stack.push(p);
+                    } else if !out.contains(&p) {
+                        out.push(p);
+                    }
+                }
+            }
+        }
+        out
+    };
+    let mut attached = vec![false; graph.stages.len()];
+    for s in 0..graph.stages.len() {
+        if inlined[s] || attached[s] {
+            continue;
+        }
+        let stage = &graph.stages[s];
+        let tiled = stage
+            .reduce
+            .as_ref()
+            .and_then(|_| plan_tiles(graph, s, target))
+            .map(|plan| emit_tiled(&mut steps, graph, s, &plan));
+        match tiled {
+            Some(epilogue_at) => {
+                // Fuse one elementwise consumer that reads this stage where it was written.
+                let consumer = (s + 1..graph.stages.len()).find(|&c| !inlined[c] && reads(c).contains(&s));
+                if let Some(c) = consumer {
+                    if fusable_epilogue(graph, s, c, &reads(c), &inlined) {
+                        steps.push(Step::ComputeAt {
+                            stage: c,
+                            target: s,
+                            at: epilogue_at,
+                        });
+                        attached[c] = true;
+                    }
+                }
+            }
+            None => emit_simple(&mut steps, graph, s, target),
+        }
+    }
+    Schedule { steps }
+}
+
+fn has_select(e: &Expr) -> bool {
+    let mut found = false;
+    e.visit(&mut |x| found |= matches!(x, Expr::Select(..)));
+    found
+}
+
+/// Whether consumer `c` can run as an epilogue of `s`: elementwise, same shape, reads `s` only
+/// at its own index (checked on the inlined body by lowering too), and nothing computed later.
+fn fusable_epilogue(graph: &Graph, s: usize, c: usize, reads: &[usize], inlined: &[bool]) -> bool {
+    let cs = &graph.stages[c];
+    if cs.reduce.is_some() || cs.shape != graph.stages[s].shape || reads.iter().any(|&p| p > s) {
+        return false;
+    }
+    // Inline producers between s and c would change the index at which s is read: only
+    // accept the direct identity read through inlined stages of the same shape.
+    let identity: Vec<Expr> = (0..cs.n_spatial()).map(Expr::Axis).collect();
+    let mut ok = true;
+    let mut stack = vec![c];
+    while let Some(x) = stack.pop() {
+        graph.stages[x].body.visit(&mut |e| {
+            if let Expr::Load(TensorRef::Stage(p), idx) = e {
+                if *p == s && *idx != identity {
+                    ok = false;
+                }
+                if inlined[*p] {
+                    if *idx != identity || graph.stages[*p].shape != cs.shape {
+                        ok = false;
+                    }
+                    stack.push(*p);
+                }
+            }
+        });
+    }
+    ok
+}
+
+/// The register/cache tiling of a reduction stage.
+struct TilePlan {
+    /// The vectorised spatial axis (contiguous in memory).
+    vec_axis: usize,
+    /// The unrolled row axis of the register tile.
+    row_axis: Option<usize>,
+    /// [outer, mid, register] extents of the vector axis.
+    vec: [usize; 3],
+    /// [outer, mid, register] extents of the row axis.
+    row: [usize; 3],
+    /// [outer, inner] of the first reduce axis.
+    red: [usize; 2],
+}
+
+fn plan_tiles(graph: &Graph, s: usize, target: &CpuTarget) -> Option<TilePlan> {
+    let stage = &graph.stages[s];
+    let ns = stage.n_spatial();
+    let r = stage.reduce.as_ref()?;
+    let vec_axis = ns.checked_sub(1)?;
+    // Tile only when some operand is contiguous along the output's last axis.
+    let mut contiguous = false;
+    let mut vec_operand_axes = Vec::new();
+    stage.body.visit(&mut |e| {
+        if let Expr::Load(_, idx) = e {
+            let uses_vec = idx.iter().any(|i| uses_axis(i, vec_axis));
+            if idx.last().is_some_and(|l| uses_axis(l, vec_axis)) {
+                contiguous = true;
+            }
+            if uses_vec {
+                for i in idx {
+                    for a in 0..ns {
+                        if uses_axis(i, a) && !vec_operand_axes.contains(&a) {
+                            vec_operand_axes.push(a);
+                        }
+                    }
+                }
+            }
+        }
+    });
+    let ext = &stage.shape;
+    if !contiguous || ext[vec_axis] < 4 {
+        return None;
+    }
+    // Prefer a row axis the vector operand does not depend on: its vector is then reused.
+    let row_axis = (0..ns)
+        .filter(|&a| a != vec_axis && ext[a] > 1)
+        .max_by_key(|&a| (!vec_operand_axes.contains(&a), ext[a]));
+    let lanes = (target.vector_bytes / elem_bytes(stage.dtype)).max(1);
+    let nr = pick_divisor(ext[vec_axis], &[2 * lanes, lanes, 4 * lanes, 3 * lanes])
+        .unwrap_or_else(|| largest_divisor_at_most(ext[vec_axis], 2 * lanes));
+    let vec_regs = nr.div_ceil(lanes);
+    let max_rows = (target.acc_registers / vec_regs).clamp(1, 8);
+    let mr = match row_axis {
+        Some(a) => {
+            let prefs: Vec<usize> = [6, 8, 4, 7, 5, 3, 2, 1].into_iter().filter(|&m| m <= max_rows).collect();
+            pick_divisor(ext[a], &prefs).unwrap_or(1)
+        }
+        None => 1,
+    };
+    // Cache blocks: about 256 of the reduction, 128-256 of the vector axis, 48-96 rows.
+    let kc = largest_divisor_at_most(r.extents[0], 256);
+    let v_rest = ext[vec_axis] / nr;
+    let v_mid = largest_divisor_at_most(v_rest, (256 / nr).max(1));
+    let row = match row_axis {
+        Some(a) => {
+            let rest = ext[a] / mr;
+            let mid = largest_divisor_at_most(rest, (96 / mr).max(1));
+            [rest / mid, mid, mr]
+        }
+        None => [1, 1, 1],
+    };
+    Some(TilePlan {
+        vec_axis,
+        row_axis,
+        vec: [v_rest / v_mid, v_mid, nr],
+        row,
+        red: [r.extents[0] / kc, kc],
+    })
+}
+
+/// Tracks loop positions while steps are appended, mirroring lowering's rules.
+struct Loops {
+    stage: usize,
+    /// (axis, level) of each loop; a fused loop keeps its first tag.
+    tags: Vec<(usize, usize)>,
+}
+
+impl Loops {
+    fn new(stage: usize, n_axes: usize) -> Self {
+        Loops {
+            stage,
+            tags: (0..n_axes).map(|a| (a, 0)).collect(),
+        }
+    }
+    fn pos(&self, tag: (usize, usize)) -> usize {
+        self.tags.iter().position(|&t| t == tag).unwrap_or(0)
+    }
+    fn split(&mut self, steps: &mut Vec<Step>, axis: usize, factors: &[usize]) {
+        let at = self.pos((axis, 0));
+        steps.push(Step::Split {
+            stage: self.stage,
+            at,
+            factors: factors.to_vec(),
+        });
+        let new: Vec<_> = (0..=factors.len()).map(|l| (axis, l)).collect();
+        self.tags.splice(at..=at, new);
+    }
+    fn reorder(&mut self, steps: &mut Vec<Step>, order: &[(usize, usize)]) {
+        let order: Vec<usize> = order.iter().map(|&t| self.pos(t)).collect();
+        steps.push(Step::Reorder {
+            stage: self.stage,
+            order: order.clone(),
+        });
+        self.tags = order.iter().map(|&i| self.tags[i]).collect();
+    }
+    /// Fuses the first `n` loops into one.
+    fn fuse_prefix(&mut self, steps: &mut Vec<Step>, n: usize) {
+        for _ in 1..n {
+            steps.push(Step::Fuse {
+                stage: self.stage,
+                at: 0,
+            });
+            self.tags.remove(1);
+        }
+    }
+}
+
+/// Emits the tiling steps; returns the loop position where an epilogue can attach.
+fn emit_tiled(steps: &mut Vec<Step>, graph: &Graph, s: usize, p: &TilePlan) -> usize {
+    let stage = &graph.stages[s];
+    let ns = stage.n_spatial();
+    let n_axes = stage.axis_extents().len();
+    let mut loops = Loops::new(s, n_axes);
+    loops.split(steps, p.vec_axis, &p.vec[1..]);
+    if let Some(r) = p.row_axis {
+        loops.split(steps, r, &p.row[1..]);
+    }
+    let split_red = p.red[0] > 1;
+    if split_red {
+        loops.split(steps, ns, &p.red[1..]);
+    }
+    let mut order: Vec<(usize, usize)> = (0..ns)
+        .filter(|&a| a != p.vec_axis && Some(a) != p.row_axis)
+        .map(|a| (a, 0))
+        .collect();
+    if let Some(r) = p.row_axis {
+        order.push((r, 0));
+    }
+    order.push((p.vec_axis, 0));
+    let outer = order.len();
+    if split_red {
+        order.push((ns, 0));
+    }
+    if let Some(r) = p.row_axis {
+        order.push((r, 1));
+    }
+    order.push((p.vec_axis, 1));
+    order.push((ns, usize::from(split_red)));
+    order.extend((ns + 1..n_axes).map(|a| (a, 0)));
+    if let Some(r) = p.row_axis {
+        order.push((r, 2));
+    }
+    order.push((p.vec_axis, 2));
+    loops.reorder(steps, &order);
+    loops.fuse_prefix(steps, outer);
+    steps.push(Step::CacheWrite {
+        stage: s,
+        at: loops.pos((p.vec_axis, 1)),
+    });
+    steps.push(Step::Parallel { stage: s, at: 0 });
+    if let Some(r) = p.row_axis {
+        steps.push(Step::Unroll {
+            stage: s,
+            at: loops.pos((r, 2)),
+        });
+    }
+    steps.push(Step::Vectorize {
+        stage: s,
+        at: loops.tags.len() - 1,
+    });
+    0
+}
+
+/// Elementwise stages and reductions along a strided axis: vectorise the contiguous axis when it
+/// is innermost, fuse the outer spatial loops and run them in parallel when there is enough work.
+fn emit_simple(steps: &mut Vec<Step>, graph: &Graph, s: usize, target: &CpuTarget) {
+    let stage = &graph.stages[s];
+    let ns = stage.n_spatial();
+    let mut loops = Loops::new(s, stage.axis_extents().len());
+    let mut spatial_loops = ns;
+    let lanes = (target.vector_bytes / elem_bytes(stage.dtype)).max(1);
+    let mut vectorise = stage.reduce.is_none() && ns > 0 && stage.shape[ns - 1] >= 4;
+    if vectorise {
+        let last = stage.shape[ns - 1];
+        let v = largest_divisor_at_most(last, 2 * lanes);
+        if v > 1 && v < last {
+            loops.split(steps, ns - 1, &[v]);
+            spatial_loops += 1;
+        } else if last > 4 * lanes {
+            // A prime-ish extent: leave the loop to the compiler rather than unroll it whole.
+            vectorise = false;
+        }
+    }
+    let work = stage.size() * stage.reduce.as_ref().map_or(1, |r| r.extents.iter().product());
+    let outer = if vectorise { spatial_loops - 1 } else { spatial_loops };
+    if outer >= 1 && work >= 1 << 15 {
+        loops.fuse_prefix(steps, outer);
+        steps.push(Step::Parallel { stage: s, at: 0 });
+    }
+    if vectorise && spatial_loops >= 1 {
+        steps.push(Step::Vectorize {
+            stage: s,
+            at: loops.tags.len() - 1,
+        });
+    }
+}
+
+fn uses_axis(e: &Expr, a: usize) -> bool {
+    let mut found = false;
+    e.visit(&mut |x| found |= *x == Expr::Axis(a));
+    found
+}
+
+fn elem_bytes(d: harl_te::DType) -> usize {
+    match d {
+        harl_te::DType::F64 => 8,
+        _ => 4,
+    }
+}
+
+fn pick_divisor(n: usize, prefs: &[usize]) -> Option<usize> {
+    prefs.iter().copied().find(|&d| d >= 1 && d <= n && n % d == 0)
+}
+
+fn largest_divisor_at_most(n: usize, cap: usize) -> usize {
+    (1..=cap.min(n).max(1)).rev().find(|d| n % d == 0).unwrap_or(1)
+}

@@ -1,0 +1,352 @@
+//! The loop IR: what lowering produces and codegen prints.
+//!
+//! Expressions are te [`Expr`]s in which `Axis(v)` names loop variable `v` of the program (not a
+//! stage axis). [`execute`] runs a program directly, so the schedule transforms are tested
+//! against the reference interpreter without compiling anything.
+
+use harl_te::interp::round_to;
+use harl_te::{BinaryOp, CmpOp, DType, Expr, Graph, ReduceOp, TensorRef, UnaryOp};
+
+/// How a loop is emitted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LoopKind {
+    /// A plain loop.
+    Serial,
+    /// Iterations run on the thread pool.
+    Parallel,
+    /// Constant trip count, innermost: for the vectoriser.
+    Vectorized,
+    /// Constant trip count, unrolled.
+    Unrolled,
+}
+
+/// A statement.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Stmt {
+    /// `for var in 0..extent { body }`.
+    For {
+        /// Loop variable.
+        var: usize,
+        /// Trip count.
+        extent: usize,
+        /// Annotation.
+        kind: LoopKind,
+        /// Body.
+        body: Vec<Stmt>,
+    },
+    /// Binds `var` to an index expression (the parts of a fused loop).
+    Let {
+        /// Variable bound.
+        var: usize,
+        /// Its value.
+        value: Expr,
+    },
+    /// `if cond { body }`: the remainder guard of a non-dividing split.
+    If {
+        /// Condition.
+        cond: Expr,
+        /// Body.
+        body: Vec<Stmt>,
+    },
+    /// `stage[index] = value`, or `stage[index] = combine(stage[index], value)`.
+    Store {
+        /// Destination stage.
+        stage: usize,
+        /// One index per dimension.
+        index: Vec<Expr>,
+        /// Value stored.
+        value: Expr,
+        /// Reduction combining with the current value.
+        combine: Option<ReduceOp>,
+    },
+    /// Declares the accumulator block of the enclosing scope, filled with `init`.
+    AccDecl {
+        /// Elements.
+        size: usize,
+        /// Element type.
+        dtype: DType,
+        /// Initial value (the reduction's identity).
+        init: f64,
+    },
+    /// `acc[index] = op(acc[index], value)`.
+    AccUpdate {
+        /// Flat index into the block.
+        index: Expr,
+        /// Combining op.
+        op: ReduceOp,
+        /// Value.
+        value: Expr,
+    },
+    /// `stage[dest] = acc[index]` (or combined with the stored value).
+    AccStore {
+        /// Flat index into the block.
+        index: Expr,
+        /// Destination stage.
+        stage: usize,
+        /// Destination index.
+        dest: Vec<Expr>,
+        /// Combine with the stored value (reduce loops outside the block).
+        combine: Option<ReduceOp>,
+    },
+}
+
+/// The loop nest of one root stage.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Nest {
+    /// The stage it computes (attached epilogues are inside).
+    pub stage: usize,
+    /// Fill the stage's buffer with this value first (identity of a reduction).
+    pub fill: Option<f64>,
+    /// The statements (one outermost loop).
+    pub body: Vec<Stmt>,
+}
+
+/// A lowered graph: nests run in order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Program {
+    /// The graph after inlining (stage bodies refer to stage axes).
+    pub graph: Graph,
+    /// Root nests, in stage order.
+    pub nests: Vec<Nest>,
+    /// Extent of each loop variable.
+    pub var_extents: Vec<usize>,
+    /// Whether each stage has a buffer (inlined stages do not).
+    pub has_buffer: Vec<bool>,
+}
+
+/// Why [`execute`] failed: only for malformed programs or inputs.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ExecError {
+    /// Wrong inputs.
+    #[error("bad inputs: {0}")]
+    Inputs(String),
+    /// A load or store left its buffer.
+    #[error("access out of bounds in stage {0}")]
+    OutOfBounds(usize),
+    /// A loaded stage has no buffer.
+    #[error("stage {0} was read but has no buffer")]
+    NoBuffer(usize),
+}
+
+/// Runs a program on inputs, returning the output (last stage) buffer.
+pub fn execute(p: &Program, inputs: &[&[f64]]) -> Result<Vec<f64>, ExecError> {
+    if inputs.len() != p.graph.inputs.len() {
+        return Err(ExecError::Inputs(format!("{} inputs", inputs.len())));
+    }
+    let mut m = Machine {
+        p,
+        inputs,
+        bufs: p
+            .graph
+            .stages
+            .iter()
+            .zip(&p.has_buffer)
+            .map(|(s, &b)| if b { vec![0.0; s.size()] } else { vec![] })
+            .collect(),
+        vars: vec![0; p.var_extents.len()],
+        acc: vec![],
+        cur: 0,
+    };
+    for nest in &p.nests {
+        m.cur = nest.stage;
+        if let Some(v) = nest.fill {
+            m.bufs[nest.stage].iter_mut().for_each(|x| *x = v);
+        }
+        m.run(&nest.body)?;
+    }
+    Ok(m.bufs.pop().unwrap_or_default())
+}
+
+struct Machine<'a> {
+    p: &'a Program,
+    inputs: &'a [&'a [f64]],
+    bufs: Vec<Vec<f64>>,
+    vars: Vec<i64>,
+    acc: Vec<Vec<f64>>,
+    cur: usize,
+}
+
+impl Machine<'_> {
+    fn run(&mut self, stmts: &[Stmt]) -> Result<(), ExecError> {
+        let depth = self.acc.len();
+        for s in stmts {
+            match s {
+                Stmt::For {
+                    var, extent, body, ..
+                } => {
+                    for i in 0..*extent {
+                        self.vars[*var] = i as i64;
+                        self.run(body)?;
+                    }
+                }
+                Stmt::Let { var, value } => self.vars[*var] = self.int(value)?,
+                Stmt::If { cond, body } => {
+                    if self.val(cond)? != 0.0 {
+                        self.run(body)?;
+                    }
+                }
+                Stmt::Store {
+                    stage,
+                    index,
+                    value,
+                    combine,
+                } => {
+                    let v = self.val(value)?;
+                    let flat = self.flat(TensorRef::Stage(*stage), index)?;
+                    let dtype = self.p.graph.stages[*stage].dtype;
+                    let slot = &mut self.bufs[*stage][flat];
+                    *slot = round_to(combine.map_or(v, |op| combine_op(op, *slot, v)), dtype);
+                }
+                Stmt::AccDecl { size, init, .. } => self.acc.push(vec![*init; *size]),
+                Stmt::AccUpdate { index, op, value } => {
+                    let v = self.val(value)?;
+                    let i = self.int(index)? as usize;
+                    let dtype = self.p.graph.stages[self.cur].dtype;
+                    let block = self.acc.last_mut().ok_or(ExecError::OutOfBounds(self.cur))?;
+                    let slot = block.get_mut(i).ok_or(ExecError::OutOfBounds(self.cur))?;
+                    *slot = round_to(combine_op(*op, *slot, v), dtype);
+                }
+                Stmt::AccStore {
+                    index,
+                    stage,
+                    dest,
+                    combine,
+                } => {
+                    let i = self.int(index)? as usize;
+                    let v = *self
+                        .acc
+                        .last()
+                        .and_then(|b| b.get(i))
+                        .ok_or(ExecError::OutOfBounds(*stage))?;
+                    let flat = self.flat(TensorRef::Stage(*stage), dest)?;
+                    let dtype = self.p.graph.stages[*stage].dtype;
+                    let slot = &mut self.bufs[*stage][flat];
+                    *slot = round_to(combine.map_or(v, |op| combine_op(op, *slot, v)), dtype);
+                }
+            }
+        }
+        self.acc.truncate(depth);
+        Ok(())
+    }
+
+    fn flat(&self, t: TensorRef, index: &[Expr]) -> Result<usize, ExecError> {
+        let shape = self.p.graph.shape(t);
+        let stage = match t {
+            TensorRef::Stage(s) => s,
+            TensorRef::Input(_) => self.cur,
+        };
+        let mut flat = 0usize;
+        for (e, &n) in index.iter().zip(shape) {
+            let i = self.int(e)?;
+            if i < 0 || i >= n as i64 {
+                return Err(ExecError::OutOfBounds(stage));
+            }
+            flat = flat * n + i as usize;
+        }
+        Ok(flat)
+    }
+
+    fn int(&self, e: &Expr) -> Result<i64, ExecError> {
+        Ok(self.val(e)? as i64)
+    }
+
+    fn val(&self, e: &Expr) -> Result<f64, ExecError> {
+        Ok(match e {
+            Expr::Const(v, _) => *v,
+            Expr::Axis(v) => self.vars[*v] as f64,
+            Expr::Load(t, idx) => {
+                let flat = self.flat(*t, idx)?;
+                match t {
+                    TensorRef::Input(i) => self.inputs[*i][flat],
+                    TensorRef::Stage(s) => {
+                        if !self.p.has_buffer[*s] {
+                            return Err(ExecError::NoBuffer(*s));
+                        }
+                        self.bufs[*s][flat]
+                    }
+                }
+            }
+            Expr::Unary(op, a) => {
+                let x = self.val(a)?;
+                match op {
+                    UnaryOp::Not => (x == 0.0) as i64 as f64,
+                    _ => harl_te::interp::unary_f(*op, x),
+                }
+            }
+            Expr::Binary(op, a, b) => {
+                let (x, y) = (self.val(a)?, self.val(b)?);
+                let int = is_int(a);
+                match op {
+                    BinaryOp::Add => x + y,
+                    BinaryOp::Sub => x - y,
+                    BinaryOp::Mul => x * y,
+                    BinaryOp::Div if int => {
+                        if y == 0.0 {
+                            return Err(ExecError::OutOfBounds(self.cur));
+                        }
+                        (x as i64 / y as i64) as f64
+                    }
+                    BinaryOp::Rem if int => {
+                        if y == 0.0 {
+                            return Err(ExecError::OutOfBounds(self.cur));
+                        }
+                        (x as i64 % y as i64) as f64
+                    }
+                    BinaryOp::Div => x / y,
+                    BinaryOp::Rem => x % y,
+                    BinaryOp::Min => x.min(y),
+                    BinaryOp::Max => x.max(y),
+                    BinaryOp::And => ((x != 0.0) && (y != 0.0)) as i64 as f64,
+                    BinaryOp::Or => ((x != 0.0) || (y != 0.0)) as i64 as f64,
+                }
+            }
+            Expr::Cmp(op, a, b) => {
+                let (x, y) = (self.val(a)?, self.val(b)?);
+                (match op {
+                    CmpOp::Eq => x == y,
+                    CmpOp::Ne => x != y,
+                    CmpOp::Lt => x < y,
+                    CmpOp::Le => x <= y,
+                    CmpOp::Gt => x > y,
+                    CmpOp::Ge => x >= y,
+                }) as i64 as f64
+            }
+            Expr::Select(c, a, b) => {
+                if self.val(c)? != 0.0 {
+                    self.val(a)?
+                } else {
+                    self.val(b)?
+                }
+            }
+            Expr::Cast(d, a) => {
+                let x = self.val(a)?;
+                match d {
+                    DType::I32 => x as i32 as f64,
+                    DType::F32 => x as f32 as f64,
+                    _ => x,
+                }
+            }
+        })
+    }
+}
+
+/// Whether an expression is integer-typed (axes, int constants and arithmetic on them, i32 loads).
+fn is_int(e: &Expr) -> bool {
+    match e {
+        Expr::Const(_, d) => *d == DType::I32,
+        Expr::Axis(_) => true,
+        Expr::Load(..) => false,
+        Expr::Unary(_, a) | Expr::Binary(_, a, _) => is_int(a),
+        Expr::Select(_, a, _) => is_int(a),
+        Expr::Cast(d, _) => *d == DType::I32,
+        Expr::Cmp(..) => false,
+    }
+}
+
+fn combine_op(op: ReduceOp, acc: f64, v: f64) -> f64 {
+    match op {
+        ReduceOp::Sum => acc + v,
+        ReduceOp::Max => acc.max(v),
+        ReduceOp::Min => acc.min(v),
+    }
+}

@@ -1,0 +1,710 @@
+//! Lowering: a te graph plus a schedule becomes a loop program ([`crate::loop_ir`]).
+//!
+//! Every stage starts as one loop per axis (spatial, then reduce) at the root. The schedule's steps
+//! are replayed in order on that state, each one validated; then the state is emitted as loop
+//! nests. Splits keep a tree of the parts of each axis so that a split whose factors do not
+//! divide the extent gets a guard on exactly the part it overran.
+
+use crate::loop_ir::{LoopKind, Nest, Program, Stmt};
+use crate::schedule::{Schedule, Step};
+use harl_te::{Expr, Graph, ReduceOp, TensorRef};
+use std::collections::HashMap;
+
+/// Largest accumulator block (elements) a cache-write step may ask for; keeps it on the stack.
+pub const MAX_ACC_ELEMS: usize = 4096;
+/// Largest loop a step may mark unrolled or vectorised.
+pub const MAX_UNROLL: usize = 512;
+
+/// Why a schedule cannot be applied to a graph.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ScheduleError {
+    /// The graph itself is invalid.
+    #[error("invalid graph: {0}")]
+    Graph(#[from] harl_te::GraphError),
+    /// A step is invalid at the point it is applied.
+    #[error("step {index} ({step:?}) is invalid: {why}")]
+    Step {
+        /// Position of the step in the schedule.
+        index: usize,
+        /// The step.
+        step: Step,
+        /// What is wrong.
+        why: String,
+    },
+}
+
+type NodeId = usize;
+
+/// One part of an axis in the split tree: it contributes `var * stride` to the axis value.
+#[derive(Clone, Debug)]
+struct Node {
+    axis: usize,
+    extent: usize,
+    stride: usize,
+    children: Vec<NodeId>,
+    /// Its children cover more than `extent`: iterations past it are skipped by a guard.
+    overrun: bool,
+}
+
+#[derive(Clone, Debug)]
+struct LoopState {
+    /// Leaf nodes, outer to inner (several after a fuse).
+    parts: Vec<NodeId>,
+    kind: LoopKind,
+    reduce: bool,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+enum Attach {
+    Root,
+    Inline,
+    At {
+        target: usize,
+        at: usize,
+        step: usize,
+    },
+}
+
+#[derive(Clone, Debug)]
+struct StageState {
+    nodes: Vec<Node>,
+    loops: Vec<LoopState>,
+    cache_write: Option<usize>,
+    attach: Attach,
+}
+
+impl StageState {
+    fn new(extents: &[usize], n_spatial: usize) -> Self {
+        let nodes = extents
+            .iter()
+            .enumerate()
+            .map(|(axis, &extent)| Node {
+                axis,
+                extent,
+                stride: 1,
+                children: vec![],
+                overrun: false,
+            })
+            .collect();
+        let loops = (0..extents.len())
+            .map(|a| LoopState {
+                parts: vec![a],
+                kind: LoopKind::Serial,
+                reduce: a >= n_spatial,
+            })
+            .collect();
+        StageState {
+            nodes,
+            loops,
+            cache_write: None,
+            attach: Attach::Root,
+        }
+    }
+
+    fn loop_extent(&self, l: &LoopState) -> usize {
+        l.parts.iter().map(|&p| self.nodes[p].extent).product()
+    }
+
+    fn leaves(&self, n: NodeId, out: &mut Vec<NodeId>) {
+        if self.nodes[n].children.is_empty() {
+            out.push(n);
+        } else {
+            for &c in &self.nodes[n].children {
+                self.leaves(c, out);
+            }
+        }
+    }
+}
+
+/// The schedule replayed on a graph: per-stage loop structure, ready to emit.
+struct Lowering {
+    graph: Graph,
+    stages: Vec<StageState>,
+    /// Consumers attached at (target, loop position).
+    attached: HashMap<(usize, usize), Vec<usize>>,
+    var_extents: Vec<usize>,
+}
+
+/// Applies `schedule` to `graph` and emits the loop program, validating every step.
+pub fn lower(graph: &Graph, schedule: &Schedule) -> Result<Program, ScheduleError> {
+    graph.validate()?;
+    let stages = graph
+        .stages
+        .iter()
+        .map(|s| StageState::new(&s.axis_extents(), s.n_spatial()))
+        .collect();
+    let mut lw = Lowering {
+        graph: graph.clone(),
+        stages,
+        attached: HashMap::new(),
+        var_extents: vec![],
+    };
+    for (index, step) in schedule.steps.iter().enumerate() {
+        lw.apply(index, step).map_err(|why| ScheduleError::Step {
+            index,
+            step: step.clone(),
+            why,
+        })?;
+    }
+    lw.check_attachments().map_err(|(index, why)| ScheduleError::Step {
+        index,
+        step: schedule.steps[index].clone(),
+        why,
+    })?;
+    Ok(lw.emit())
+}
+
+impl Lowering {
+    fn stage_mut(&mut self, s: usize) -> Result<&mut StageState, String> {
+        self.stages
+            .get_mut(s)
+            .ok_or_else(|| format!("stage {s} does not exist"))
+    }
+
+    fn check_loop(&self, s: usize, at: usize) -> Result<(), String> {
+        let st = self
+            .stages
+            .get(s)
+            .ok_or_else(|| format!("stage {s} does not exist"))?;
+        if st.attach == Attach::Inline {
+            return Err(format!("stage {s} is inlined and has no loops"));
+        }
+        if at >= st.loops.len() {
+            return Err(format!("stage {s} has {} loops, not {}", st.loops.len(), at + 1));
+        }
+        Ok(())
+    }
+
+    fn apply(&mut self, index: usize, step: &Step) -> Result<(), String> {
+        match step {
+            Step::Split { stage, at, factors } => {
+                self.check_loop(*stage, *at)?;
+                self.split(*stage, *at, factors)
+            }
+            Step::Reorder { stage, order } => {
+                let st = self.stage_mut(*stage)?;
+                let n = st.loops.len();
+                let mut seen = vec![false; n];
+                if order.len() != n || order.iter().any(|&o| o >= n || std::mem::replace(&mut seen[o], true)) {
+                    return Err(format!("{order:?} is not a permutation of {n} loops"));
+                }
+                if st.cache_write.is_some() {
+                    return Err("reorder after cache_write".into());
+                }
+                st.loops = order.iter().map(|&o| st.loops[o].clone()).collect();
+                Ok(())
+            }
+            Step::Fuse { stage, at } => {
+                self.check_loop(*stage, *at + 1)?;
+                let st = self.stage_mut(*stage)?;
+                if st.loops[*at].reduce != st.loops[*at + 1].reduce {
+                    return Err("cannot fuse a spatial loop with a reduce loop".into());
+                }
+                if st.cache_write.is_some() {
+                    return Err("fuse after cache_write".into());
+                }
+                let inner = st.loops.remove(*at + 1);
+                st.loops[*at].parts.extend(inner.parts);
+                Ok(())
+            }
+            Step::ComputeInline { stage } => self.inline(*stage),
+            Step::ComputeAt { stage, target, at } => {
+                self.check_loop(*target, *at)?;
+                let c = *stage;
+                if c >= self.graph.stages.len() || c <= *target {
+                    return Err(format!("stage {c} cannot attach to stage {target}"));
+                }
+                if self.stages[c].attach != Attach::Root {
+                    return Err(format!("stage {c} is already attached or inlined"));
+                }
+                if self.stages[*target].attach != Attach::Root {
+                    return Err(format!("target stage {target} is not at the root"));
+                }
+                self.stages[c].attach = Attach::At {
+                    target: *target,
+                    at: *at,
+                    step: index,
+                };
+                self.attached.entry((*target, *at)).or_default().push(c);
+                Ok(())
+            }
+            Step::CacheWrite { stage, at } => {
+                self.check_loop(*stage, *at)?;
+                let st = &self.stages[*stage];
+                if st.cache_write.is_some() {
+                    return Err("cache_write twice".into());
+                }
+                if self.graph.stages[*stage].reduce.is_none() {
+                    return Err("cache_write needs a reduction stage".into());
+                }
+                let tile: usize = st.loops[at + 1..]
+                    .iter()
+                    .filter(|l| !l.reduce)
+                    .map(|l| st.loop_extent(l))
+                    .product();
+                if tile > MAX_ACC_ELEMS {
+                    return Err(format!("accumulator of {tile} elements exceeds {MAX_ACC_ELEMS}"));
+                }
+                self.stages[*stage].cache_write = Some(*at);
+                Ok(())
+            }
+            Step::Parallel { stage, at } => {
+                self.check_loop(*stage, *at)?;
+                let st = &self.stages[*stage];
+                if *at != 0 || st.attach != Attach::Root {
+                    return Err("only the outermost loop of a root stage can be parallel".into());
+                }
+                if st.loops[0].reduce {
+                    return Err("a reduce loop cannot be parallel".into());
+                }
+                self.stages[*stage].loops[0].kind = LoopKind::Parallel;
+                Ok(())
+            }
+            Step::Vectorize { stage, at } | Step::Unroll { stage, at } => {
+                self.check_loop(*stage, *at)?;
+                let st = &self.stages[*stage];
+                let ext = st.loop_extent(&st.loops[*at]);
+                if ext > MAX_UNROLL {
+                    return Err(format!("loop of {ext} iterations is too long to unroll"));
+                }
+                if st.loops[*at].kind == LoopKind::Parallel {
+                    return Err("loop is already parallel".into());
+                }
+                let vector = matches!(step, Step::Vectorize { .. });
+                if vector && *at + 1 != st.loops.len() {
+                    return Err("only the innermost loop can be vectorised".into());
+                }
+                self.stages[*stage].loops[*at].kind = if vector {
+                    LoopKind::Vectorized
+                } else {
+                    LoopKind::Unrolled
+                };
+                Ok(())
+            }
+        }
+    }
+
+    fn split(&mut self, s: usize, at: usize, factors: &[usize]) -> Result<(), String> {
+        let st = &mut self.stages[s];
+        if st.cache_write.is_some() {
+            return Err("split after cache_write".into());
+        }
+        if factors.is_empty() || factors.contains(&0) {
+            return Err("split factors must be non-empty and positive".into());
+        }
+        let lp = st.loops[at].clone();
+        if lp.parts.len() != 1 {
+            return Err("cannot split a fused loop".into());
+        }
+        if lp.kind != LoopKind::Serial {
+            return Err("cannot split an annotated loop".into());
+        }
+        let node = lp.parts[0];
+        let Node {
+            axis,
+            extent,
+            stride,
+            ..
+        } = st.nodes[node];
+        let inner: usize = factors.iter().product();
+        if inner > extent {
+            return Err(format!("factors {factors:?} exceed the extent {extent}"));
+        }
+        let outer = extent.div_ceil(inner);
+        let mut extents = vec![outer];
+        extents.extend_from_slice(factors);
+        let mut new_loops = Vec::new();
+        let mut child_stride = stride * inner;
+        for (k, &e) in extents.iter().enumerate() {
+            if k > 0 {
+                child_stride /= e;
+            }
+            st.nodes.push(Node {
+                axis,
+                extent: e,
+                stride: child_stride,
+                children: vec![],
+                overrun: false,
+            });
+            let id = st.nodes.len() - 1;
+            st.nodes[node].children.push(id);
+            new_loops.push(LoopState {
+                parts: vec![id],
+                kind: LoopKind::Serial,
+                reduce: lp.reduce,
+            });
+        }
+        st.nodes[node].overrun = outer * inner != extent;
+        st.loops.splice(at..=at, new_loops);
+        Ok(())
+    }
+
+    fn inline(&mut self, s: usize) -> Result<(), String> {
+        if s + 1 >= self.graph.stages.len() {
+            return Err("the output stage cannot be inlined".into());
+        }
+        if self.graph.stages[s].reduce.is_some() {
+            return Err("a reduction cannot be inlined".into());
+        }
+        if self.stages[s].attach != Attach::Root || self.stages[s].loops.len() != self.graph.stages[s].n_spatial() {
+            return Err("inline a stage before scheduling it".into());
+        }
+        if self.attached.keys().any(|&(t, _)| t == s) {
+            return Err("a stage with an attached epilogue cannot be inlined".into());
+        }
+        self.stages[s].attach = Attach::Inline;
+        let body = self.graph.stages[s].body.clone();
+        for c in s + 1..self.graph.stages.len() {
+            let new = self.graph.stages[c].body.map(&mut |e| match e {
+                Expr::Load(TensorRef::Stage(t), idx) if t == s => substitute_axes(&body, &idx),
+                other => other,
+            });
+            self.graph.stages[c].body = new;
+        }
+        Ok(())
+    }
+
+    /// Checks every compute_at once all steps (including inlines) are known.
+    fn check_attachments(&self) -> Result<(), (usize, String)> {
+        for (c, st) in self.stages.iter().enumerate() {
+            let Attach::At {
+                target,
+                at,
+                step: idx,
+            } = st.attach
+            else {
+                continue;
+            };
+            let cs = &self.graph.stages[c];
+            let ts = &self.graph.stages[target];
+            let err = |why: String| Err((idx, why));
+            if cs.reduce.is_some() {
+                return err(format!("stage {c} is a reduction and cannot be an epilogue"));
+            }
+            if cs.shape != ts.shape {
+                return err(format!("stage {c} and stage {target} differ in shape"));
+            }
+            let identity: Vec<Expr> = (0..cs.n_spatial()).map(Expr::Axis).collect();
+            let mut bad = None;
+            cs.body.visit(&mut |e| {
+                if let Expr::Load(TensorRef::Stage(t), i) = e {
+                    if *t == target && *i != identity {
+                        bad = Some(format!("stage {c} reads stage {target} at other than its own index"));
+                    } else if *t > target && self.stages[*t].attach != Attach::Inline {
+                        bad = Some(format!("stage {c} reads stage {t}, which runs after stage {target}"));
+                    }
+                }
+            });
+            if let Some(why) = bad {
+                return err(why);
+            }
+            let tst = &self.stages[target];
+            if tst.loops[..=at].iter().any(|l| l.reduce) {
+                return err(format!("loop {at} of stage {target} is inside a reduce loop"));
+            }
+        }
+        Ok(())
+    }
+
+    fn new_var(&mut self, extent: usize) -> usize {
+        self.var_extents.push(extent);
+        self.var_extents.len() - 1
+    }
+
+    fn emit(mut self) -> Program {
+        let mut nests = Vec::new();
+        for s in 0..self.graph.stages.len() {
+            if self.stages[s].attach != Attach::Root {
+                continue;
+            }
+            let stage = &self.graph.stages[s];
+            let st = &self.stages[s];
+            let reduce_outside_acc = match st.cache_write {
+                None => true,
+                Some(p) => st.loops[..=p].iter().any(|l| l.reduce),
+            };
+            let fill = stage
+                .reduce
+                .as_ref()
+                .filter(|_| reduce_outside_acc)
+                .map(|r| r.op.identity(stage.dtype));
+            let mut env = HashMap::new();
+            let body = self.emit_loops(s, 0, &mut env, &mut Vec::new());
+            nests.push(Nest {
+                stage: s,
+                fill,
+                body,
+            });
+        }
+        let buffers = self
+            .stages
+            .iter()
+            .map(|st| st.attach != Attach::Inline)
+            .collect();
+        Program {
+            graph: self.graph,
+            nests,
+            var_extents: self.var_extents,
+            has_buffer: buffers,
+        }
+    }
+
+    /// Emits loops `pos..` of stage `s`; `env` maps split-tree leaves to loop variables.
+    fn emit_loops(
+        &mut self,
+        s: usize,
+        pos: usize,
+        env: &mut HashMap<NodeId, usize>,
+        acc: &mut Vec<(usize, usize)>,
+    ) -> Vec<Stmt> {
+        let n_loops = self.stages[s].loops.len();
+        if pos == n_loops {
+            return vec![self.innermost(s, env, acc)];
+        }
+        let lp = self.stages[s].loops[pos].clone();
+        let extent = self.stages[s].loop_extent(&lp);
+        let var = self.new_var(extent);
+        let mut body = self.bind_parts(s, &lp, var, env);
+        if !lp.reduce && self.stages[s].cache_write.is_some_and(|p| pos > p) {
+            acc.push((var, extent));
+        }
+        let mut inner = self.emit_loops(s, pos + 1, env, acc);
+        if !lp.reduce && self.stages[s].cache_write.is_some_and(|p| pos > p) {
+            acc.pop();
+        }
+        if self.stages[s].cache_write == Some(pos) {
+            inner = self.wrap_acc(s, pos, env, inner);
+        }
+        if let Some(consumers) = self.attached.get(&(s, pos)).cloned() {
+            for c in consumers {
+                inner.extend(self.emit_epilogue(s, pos, c, env));
+            }
+        }
+        body.extend(self.guard(s, &lp, env, inner));
+        for &p in &lp.parts {
+            env.remove(&p);
+        }
+        vec![Stmt::For {
+            var,
+            extent,
+            kind: lp.kind,
+            body,
+        }]
+    }
+
+    /// Binds the parts of a (possibly fused) loop to variables.
+    fn bind_parts(
+        &mut self,
+        s: usize,
+        lp: &LoopState,
+        var: usize,
+        env: &mut HashMap<NodeId, usize>,
+    ) -> Vec<Stmt> {
+        if lp.parts.len() == 1 {
+            env.insert(lp.parts[0], var);
+            return vec![];
+        }
+        let mut lets = Vec::new();
+        let mut inner_prod = 1usize;
+        for &p in lp.parts.iter().rev() {
+            let e = self.stages[s].nodes[p].extent;
+            let pv = self.new_var(e);
+            let value = (Expr::Axis(var) / Expr::int(inner_prod as i64)) % Expr::int(e as i64);
+            lets.push(Stmt::Let { var: pv, value });
+            env.insert(p, pv);
+            inner_prod *= e;
+        }
+        lets
+    }
+
+    /// Wraps `inner` in the guards that became decidable once `lp`'s parts are bound.
+    fn guard(
+        &self,
+        s: usize,
+        lp: &LoopState,
+        env: &HashMap<NodeId, usize>,
+        inner: Vec<Stmt>,
+    ) -> Vec<Stmt> {
+        let st = &self.stages[s];
+        let mut conds = Vec::new();
+        for (id, node) in st.nodes.iter().enumerate() {
+            if !node.overrun {
+                continue;
+            }
+            let mut leaves = Vec::new();
+            st.leaves(id, &mut leaves);
+            let all_bound = leaves.iter().all(|l| env.contains_key(l));
+            let newly = leaves.iter().any(|l| lp.parts.contains(l));
+            if all_bound && newly {
+                let rel = leaves
+                    .iter()
+                    .map(|&l| Expr::Axis(env[&l]) * Expr::int((st.nodes[l].stride / node.stride) as i64))
+                    .reduce(|a, b| a + b)
+                    .unwrap_or_else(|| Expr::int(0));
+                conds.push(rel.cmp(harl_te::CmpOp::Lt, Expr::int(node.extent as i64)));
+            }
+        }
+        match conds.into_iter().reduce(|a, b| a.and(b)) {
+            None => inner,
+            Some(cond) => vec![Stmt::If { cond, body: inner }],
+        }
+    }
+
+    /// The value of each axis of stage `s` in terms of bound loop variables.
+    fn axis_values(&self, s: usize, env: &HashMap<NodeId, usize>) -> Vec<Expr> {
+        let st = &self.stages[s];
+        let n_axes = self.graph.stages[s].axis_extents().len();
+        (0..n_axes)
+            .map(|a| {
+                let mut leaves = Vec::new();
+                st.leaves(a, &mut leaves);
+                leaves
+                    .iter()
+                    .filter_map(|l| env.get(l).map(|&v| (v, st.nodes[*l].stride)))
+                    .map(|(v, stride)| {
+                        if stride == 1 {
+                            Expr::Axis(v)
+                        } else {
+                            Expr::Axis(v) * Expr::int(stride as i64)
+                        }
+                    })
+                    .reduce(|a, b| a + b)
+                    .unwrap_or_else(|| Expr::int(0))
+            })
+            .collect()
+    }
+
+    fn innermost(&self, s: usize, env: &HashMap<NodeId, usize>, acc: &[(usize, usize)]) -> Stmt {
+        let stage = &self.graph.stages[s];
+        let axes = self.axis_values(s, env);
+        let value = substitute_axes(&stage.body, &axes);
+        let index = axes[..stage.n_spatial()].to_vec();
+        match (&stage.reduce, self.stages[s].cache_write) {
+            (Some(r), Some(_)) => Stmt::AccUpdate {
+                index: tile_index(acc),
+                op: r.op,
+                value,
+            },
+            (r, _) => Stmt::Store {
+                stage: s,
+                index,
+                value,
+                combine: r.as_ref().map(|r| r.op),
+            },
+        }
+    }
+
+    /// Declares the accumulator block at loop `pos` and writes it back after `inner`.
+    fn wrap_acc(
+        &mut self,
+        s: usize,
+        pos: usize,
+        env: &mut HashMap<NodeId, usize>,
+        inner: Vec<Stmt>,
+    ) -> Vec<Stmt> {
+        let stage = &self.graph.stages[s];
+        let op = stage.reduce.as_ref().map_or(ReduceOp::Sum, |r| r.op);
+        let st = &self.stages[s];
+        let combine = st.loops[..=pos].iter().any(|l| l.reduce).then_some(op);
+        let size = st.loops[pos + 1..]
+            .iter()
+            .filter(|l| !l.reduce)
+            .map(|l| st.loop_extent(l))
+            .product();
+        let mut out = vec![Stmt::AccDecl {
+            size,
+            dtype: stage.dtype,
+            init: op.identity(stage.dtype),
+        }];
+        out.extend(inner);
+        out.extend(self.emit_tile_loops(s, pos, env, &mut Vec::new(), &mut |lw, env, tile| {
+            let axes = lw.axis_values(s, env);
+            let n = lw.graph.stages[s].n_spatial();
+            Stmt::AccStore {
+                index: tile_index(tile),
+                stage: s,
+                dest: axes[..n].to_vec(),
+                combine,
+            }
+        }));
+        out
+    }
+
+    /// Emits the spatial loops of stage `s` inside position `pos`, with fresh variables, around the
+    /// statement `leaf` builds (write-back of an accumulator, or an attached epilogue).
+    fn emit_tile_loops(
+        &mut self,
+        s: usize,
+        pos: usize,
+        env: &mut HashMap<NodeId, usize>,
+        tile: &mut Vec<(usize, usize)>,
+        leaf: &mut dyn FnMut(&Self, &HashMap<NodeId, usize>, &[(usize, usize)]) -> Stmt,
+    ) -> Vec<Stmt> {
+        let next = (pos + 1..self.stages[s].loops.len()).find(|&p| !self.stages[s].loops[p].reduce);
+        let Some(p) = next else {
+            return vec![leaf(self, env, tile)];
+        };
+        let lp = self.stages[s].loops[p].clone();
+        let extent = self.stages[s].loop_extent(&lp);
+        let var = self.new_var(extent);
+        let mut body = self.bind_parts(s, &lp, var, env);
+        tile.push((var, extent));
+        let inner = self.emit_tile_loops(s, p, env, tile, leaf);
+        tile.pop();
+        body.extend(self.guard(s, &lp, env, inner));
+        for &part in &lp.parts {
+            env.remove(&part);
+        }
+        let kind = match lp.kind {
+            LoopKind::Parallel => LoopKind::Serial,
+            k => k,
+        };
+        vec![Stmt::For {
+            var,
+            extent,
+            kind,
+            body,
+        }]
+    }
+
+    /// The loops and store of consumer `c`, computed over the tile stage `s` finished at `pos`.
+    fn emit_epilogue(
+        &mut self,
+        s: usize,
+        pos: usize,
+        c: usize,
+        env: &mut HashMap<NodeId, usize>,
+    ) -> Vec<Stmt> {
+        self.emit_tile_loops(s, pos, env, &mut Vec::new(), &mut |lw, env, _| {
+            let n = lw.graph.stages[s].n_spatial();
+            let axes = lw.axis_values(s, env)[..n].to_vec();
+            let cs = &lw.graph.stages[c];
+            Stmt::Store {
+                stage: c,
+                index: axes.clone(),
+                value: substitute_axes(&cs.body, &axes),
+                combine: None,
+            }
+        })
+    }
+}
+
+/// Flat index into an accumulator tile from its loop variables, row-major.
+fn tile_index(tile: &[(usize, usize)]) -> Expr {
+    let mut idx: Option<Expr> = None;
+    for &(v, e) in tile {
+        idx = Some(match idx {
+            None => Expr::Axis(v),
+            Some(i) => i * Expr::int(e as i64) + Expr::Axis(v),
+        });
+    }
+    idx.unwrap_or_else(|| Expr::int(0))
+}
+
+/// Replaces `Axis(i)` in `body` by `values[i]`.
+pub fn substitute_axes(body: &Expr, values: &[Expr]) -> Expr {
+    body.map(&mut |e| match e {
+        Expr::Axis(i) => values.get(i).cloned().unwrap_or(Expr::Axis(i)),
+        other => other,
+    })
+}

@@ -1,0 +1,104 @@
+//! Shared test helpers: small graphs, deterministic data, random legal schedules.
+#![allow(dead_code)]
+
+use harl_build::lower::lower;
+use harl_build::schedule::{Schedule, Step};
+use harl_te::{load, DType, Expr, Graph, GraphBuilder, ReduceOp};
+
+/// xorshift64*, enough for test data and schedule sampling.
+pub struct Rng(pub u64);
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+    pub fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+    }
+}
+
+pub fn data(graph: &Graph, seed: u64) -> Vec<Vec<f64>> {
+    let mut rng = Rng(seed | 1);
+    graph
+        .inputs
+        .iter()
+        .map(|p| {
+            let n: usize = p.shape.iter().product();
+            (0..n).map(|_| (rng.unit() as f32) as f64).collect()
+        })
+        .collect()
+}
+
+/// C = A x B, plus an optional bias+relu epilogue stage.
+pub fn matmul(m: usize, k: usize, n: usize, epilogue: bool) -> Graph {
+    let mut b = GraphBuilder::new();
+    let a = b.input("a", &[m, k], DType::F32);
+    let w = b.input("w", &[k, n], DType::F32);
+    let body = load(a, [Expr::axis(0), Expr::axis(2)]) * load(w, [Expr::axis(2), Expr::axis(1)]);
+    let mm = b.reduce("mm", &[m, n], DType::F32, ReduceOp::Sum, &[k], body);
+    if epilogue {
+        let bias = b.input("bias", &[n], DType::F32);
+        let v = load(mm, [Expr::axis(0), Expr::axis(1)]) + load(bias, [Expr::axis(1)]);
+        b.compute("relu", &[m, n], DType::F32, v.max(Expr::f32(0.0)));
+    }
+    b.finish().expect("valid graph")
+}
+
+pub fn assert_close(got: &[f64], want: &[f64], tol: f64, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= tol * (1.0 + w.abs()),
+            "{what}: element {i}: got {g}, want {w}"
+        );
+    }
+}
+
+/// Grows a schedule step by step, keeping only steps that lower: random but legal by construction.
+pub fn random_schedule(graph: &Graph, seed: u64, attempts: usize) -> Schedule {
+    let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    let mut sched = Schedule::default();
+    let n = graph.stages.len();
+    for _ in 0..attempts {
+        let stage = rng.below(n);
+        let n_loops = 8;
+        let at = rng.below(n_loops);
+        let step = match rng.below(10) {
+            0..=2 => {
+                let k = 1 + rng.below(2);
+                let factors = (0..k).map(|_| 1 + rng.below(9)).collect();
+                Step::Split { stage, at, factors }
+            }
+            3 => {
+                let len = 2 + rng.below(7);
+                let mut order: Vec<usize> = (0..len).collect();
+                for i in (1..len).rev() {
+                    order.swap(i, rng.below(i + 1));
+                }
+                Step::Reorder { stage, order }
+            }
+            4 => Step::Fuse { stage, at },
+            5 => Step::CacheWrite { stage, at },
+            6 => Step::Parallel { stage, at: 0 },
+            7 => Step::Unroll { stage, at },
+            8 => Step::Vectorize { stage, at },
+            _ => {
+                if rng.below(2) == 0 {
+                    Step::ComputeInline { stage }
+                } else {
+                    Step::ComputeAt { stage, target: rng.below(n), at }
+                }
+            }
+        };
+        sched.steps.push(step);
+        if lower(graph, &sched).is_err() {
+            sched.steps.pop();
+        }
+    }
+    sched
+}
