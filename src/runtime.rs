@@ -154,11 +154,14 @@ mod tests {
 
     #[test]
     fn parallel_for_visits_each_index_once() {
-        let hits: Vec<std::sync::atomic::AtomicUsize> =
-            (0..100).map(|_| std::sync::atomic::AtomicUsize::new(0)).collect();
+        let hits: Vec<std::sync::atomic::AtomicUsize> = (0..100)
+            .map(|_| std::sync::atomic::AtomicUsize::new(0))
+            .collect();
         parallel_for(100, |i| {
             hits[i].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         });
-        assert!(hits.iter().all(|h| h.load(std::sync::atomic::Ordering::Relaxed) == 1));
+        assert!(hits
+            .iter()
+            .all(|h| h.load(std::sync::atomic::Ordering::Relaxed) == 1));
     }
 }

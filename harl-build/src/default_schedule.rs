@@ -102,7 +102,8 @@ pub fn default_schedule(graph: &Graph, target: &CpuTarget) -> Schedule {
         match tiled {
             Some(epilogue_at) => {
                 // Fuse one elementwise consumer that reads this stage where it was written.
-                let consumer = (s + 1..graph.stages.len()).find(|&c| !inlined[c] && reads(c).contains(&s));
+                let consumer =
+                    (s + 1..graph.stages.len()).find(|&c| !inlined[c] && reads(c).contains(&s));
                 if let Some(c) = consumer {
                     if fusable_epilogue(graph, s, c, &reads(c), &inlined) {
                         steps.push(Step::ComputeAt {
@@ -210,7 +211,10 @@ fn plan_tiles(graph: &Graph, s: usize, target: &CpuTarget) -> Option<TilePlan> {
     let max_rows = (target.acc_registers / vec_regs).clamp(1, 8);
     let mr = match row_axis {
         Some(a) => {
-            let prefs: Vec<usize> = [6, 8, 4, 7, 5, 3, 2, 1].into_iter().filter(|&m| m <= max_rows).collect();
+            let prefs: Vec<usize> = [6, 8, 4, 7, 5, 3, 2, 1]
+                .into_iter()
+                .filter(|&m| m <= max_rows)
+                .collect();
             pick_divisor(ext[a], &prefs).unwrap_or(1)
         }
         None => 1,
@@ -359,8 +363,16 @@ fn emit_simple(steps: &mut Vec<Step>, graph: &Graph, s: usize, target: &CpuTarge
             vectorise = false;
         }
     }
-    let work = stage.size() * stage.reduce.as_ref().map_or(1, |r| r.extents.iter().product());
-    let outer = if vectorise { spatial_loops - 1 } else { spatial_loops };
+    let work = stage.size()
+        * stage
+            .reduce
+            .as_ref()
+            .map_or(1, |r| r.extents.iter().product());
+    let outer = if vectorise {
+        spatial_loops - 1
+    } else {
+        spatial_loops
+    };
     if outer >= 1 && work >= 1 << 15 {
         loops.fuse_prefix(steps, outer);
         steps.push(Step::Parallel { stage: s, at: 0 });
@@ -387,9 +399,15 @@ fn elem_bytes(d: harl_te::DType) -> usize {
 }
 
 fn pick_divisor(n: usize, prefs: &[usize]) -> Option<usize> {
-    prefs.iter().copied().find(|&d| d >= 1 && d <= n && n % d == 0)
+    prefs
+        .iter()
+        .copied()
+        .find(|&d| d >= 1 && d <= n && n % d == 0)
 }
 
 fn largest_divisor_at_most(n: usize, cap: usize) -> usize {
-    (1..=cap.min(n).max(1)).rev().find(|d| n % d == 0).unwrap_or(1)
+    (1..=cap.min(n).max(1))
+        .rev()
+        .find(|d| n % d == 0)
+        .unwrap_or(1)
 }

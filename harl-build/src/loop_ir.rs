@@ -202,7 +202,10 @@ impl Machine<'_> {
                     let v = self.val(value)?;
                     let i = self.int(index)? as usize;
                     let dtype = self.p.graph.stages[self.cur].dtype;
-                    let block = self.acc.last_mut().ok_or(ExecError::OutOfBounds(self.cur))?;
+                    let block = self
+                        .acc
+                        .last_mut()
+                        .ok_or(ExecError::OutOfBounds(self.cur))?;
                     let slot = block.get_mut(i).ok_or(ExecError::OutOfBounds(self.cur))?;
                     *slot = round_to(combine_op(*op, *slot, v), dtype);
                 }
@@ -273,6 +276,15 @@ impl Machine<'_> {
                     _ => harl_te::interp::unary_f(*op, x),
                 }
             }
+            Expr::Binary(op @ (BinaryOp::And | BinaryOp::Or), a, b) => {
+                let x = self.val(a)? != 0.0;
+                let v = if x == (*op == BinaryOp::Or) {
+                    x
+                } else {
+                    self.val(b)? != 0.0
+                };
+                v as i64 as f64
+            }
             Expr::Binary(op, a, b) => {
                 let (x, y) = (self.val(a)?, self.val(b)?);
                 let int = is_int(a);
@@ -296,8 +308,7 @@ impl Machine<'_> {
                     BinaryOp::Rem => x % y,
                     BinaryOp::Min => x.min(y),
                     BinaryOp::Max => x.max(y),
-                    BinaryOp::And => ((x != 0.0) && (y != 0.0)) as i64 as f64,
-                    BinaryOp::Or => ((x != 0.0) || (y != 0.0)) as i64 as f64,
+                    BinaryOp::And | BinaryOp::Or => unreachable_logic(),
                 }
             }
             Expr::Cmp(op, a, b) => {
@@ -349,4 +360,9 @@ fn combine_op(op: ReduceOp, acc: f64, v: f64) -> f64 {
         ReduceOp::Max => acc.max(v),
         ReduceOp::Min => acc.min(v),
     }
+}
+
+/// And/Or are matched before arithmetic; this arm only satisfies exhaustiveness.
+fn unreachable_logic() -> f64 {
+    0.0
 }

@@ -146,11 +146,12 @@ pub fn lower(graph: &Graph, schedule: &Schedule) -> Result<Program, ScheduleErro
             why,
         })?;
     }
-    lw.check_attachments().map_err(|(index, why)| ScheduleError::Step {
-        index,
-        step: schedule.steps[index].clone(),
-        why,
-    })?;
+    lw.check_attachments()
+        .map_err(|(index, why)| ScheduleError::Step {
+            index,
+            step: schedule.steps[index].clone(),
+            why,
+        })?;
     Ok(lw.emit())
 }
 
@@ -170,7 +171,11 @@ impl Lowering {
             return Err(format!("stage {s} is inlined and has no loops"));
         }
         if at >= st.loops.len() {
-            return Err(format!("stage {s} has {} loops, not {}", st.loops.len(), at + 1));
+            return Err(format!(
+                "stage {s} has {} loops, not {}",
+                st.loops.len(),
+                at + 1
+            ));
         }
         Ok(())
     }
@@ -185,7 +190,11 @@ impl Lowering {
                 let st = self.stage_mut(*stage)?;
                 let n = st.loops.len();
                 let mut seen = vec![false; n];
-                if order.len() != n || order.iter().any(|&o| o >= n || std::mem::replace(&mut seen[o], true)) {
+                if order.len() != n
+                    || order
+                        .iter()
+                        .any(|&o| o >= n || std::mem::replace(&mut seen[o], true))
+                {
                     return Err(format!("{order:?} is not a permutation of {n} loops"));
                 }
                 if st.cache_write.is_some() {
@@ -243,7 +252,9 @@ impl Lowering {
                     .map(|l| st.loop_extent(l))
                     .product();
                 if tile > MAX_ACC_ELEMS {
-                    return Err(format!("accumulator of {tile} elements exceeds {MAX_ACC_ELEMS}"));
+                    return Err(format!(
+                        "accumulator of {tile} elements exceeds {MAX_ACC_ELEMS}"
+                    ));
                 }
                 self.stages[*stage].cache_write = Some(*at);
                 Ok(())
@@ -346,7 +357,9 @@ impl Lowering {
         if self.graph.stages[s].reduce.is_some() {
             return Err("a reduction cannot be inlined".into());
         }
-        if self.stages[s].attach != Attach::Root || self.stages[s].loops.len() != self.graph.stages[s].n_spatial() {
+        if self.stages[s].attach != Attach::Root
+            || self.stages[s].loops.len() != self.graph.stages[s].n_spatial()
+        {
             return Err("inline a stage before scheduling it".into());
         }
         if self.attached.keys().any(|&(t, _)| t == s) {
@@ -379,7 +392,9 @@ impl Lowering {
             let ts = &self.graph.stages[target];
             let err = |why: String| Err((idx, why));
             if cs.reduce.is_some() {
-                return err(format!("stage {c} is a reduction and cannot be an epilogue"));
+                return err(format!(
+                    "stage {c} is a reduction and cannot be an epilogue"
+                ));
             }
             if cs.shape != ts.shape {
                 return err(format!("stage {c} and stage {target} differ in shape"));
@@ -389,9 +404,13 @@ impl Lowering {
             cs.body.visit(&mut |e| {
                 if let Expr::Load(TensorRef::Stage(t), i) = e {
                     if *t == target && *i != identity {
-                        bad = Some(format!("stage {c} reads stage {target} at other than its own index"));
+                        bad = Some(format!(
+                            "stage {c} reads stage {target} at other than its own index"
+                        ));
                     } else if *t > target && self.stages[*t].attach != Attach::Inline {
-                        bad = Some(format!("stage {c} reads stage {t}, which runs after stage {target}"));
+                        bad = Some(format!(
+                            "stage {c} reads stage {t}, which runs after stage {target}"
+                        ));
                     }
                 }
             });
@@ -400,7 +419,9 @@ impl Lowering {
             }
             let tst = &self.stages[target];
             if tst.loops[..=at].iter().any(|l| l.reduce) {
-                return err(format!("loop {at} of stage {target} is inside a reduce loop"));
+                return err(format!(
+                    "loop {at} of stage {target} is inside a reduce loop"
+                ));
             }
         }
         Ok(())
@@ -538,7 +559,9 @@ impl Lowering {
             if all_bound && newly {
                 let rel = leaves
                     .iter()
-                    .map(|&l| Expr::Axis(env[&l]) * Expr::int((st.nodes[l].stride / node.stride) as i64))
+                    .map(|&l| {
+                        Expr::Axis(env[&l]) * Expr::int((st.nodes[l].stride / node.stride) as i64)
+                    })
                     .reduce(|a, b| a + b)
                     .unwrap_or_else(|| Expr::int(0));
                 conds.push(rel.cmp(harl_te::CmpOp::Lt, Expr::int(node.extent as i64)));
@@ -617,16 +640,18 @@ impl Lowering {
             init: op.identity(stage.dtype),
         }];
         out.extend(inner);
-        out.extend(self.emit_tile_loops(s, pos, env, &mut Vec::new(), &mut |lw, env, tile| {
-            let axes = lw.axis_values(s, env);
-            let n = lw.graph.stages[s].n_spatial();
-            Stmt::AccStore {
-                index: tile_index(tile),
-                stage: s,
-                dest: axes[..n].to_vec(),
-                combine,
-            }
-        }));
+        out.extend(
+            self.emit_tile_loops(s, pos, env, &mut Vec::new(), &mut |lw, env, tile| {
+                let axes = lw.axis_values(s, env);
+                let n = lw.graph.stages[s].n_spatial();
+                Stmt::AccStore {
+                    index: tile_index(tile),
+                    stage: s,
+                    dest: axes[..n].to_vec(),
+                    combine,
+                }
+            }),
+        );
         out
     }
 

@@ -42,9 +42,21 @@ fn non_dividing_split_is_guarded() {
     let g = matmul(7, 5, 9, false);
     let s = Schedule {
         steps: vec![
-            Step::Split { stage: 0, at: 1, factors: vec![2, 2] },
-            Step::Split { stage: 0, at: 1, factors: vec![2] },
-            Step::Split { stage: 0, at: 0, factors: vec![4] },
+            Step::Split {
+                stage: 0,
+                at: 1,
+                factors: vec![2, 2],
+            },
+            Step::Split {
+                stage: 0,
+                at: 1,
+                factors: vec![2],
+            },
+            Step::Split {
+                stage: 0,
+                at: 0,
+                factors: vec![4],
+            },
             Step::CacheWrite { stage: 0, at: 1 },
         ],
     };
@@ -55,19 +67,36 @@ fn non_dividing_split_is_guarded() {
 fn invalid_steps_are_rejected() {
     let g = matmul(8, 8, 8, true);
     let bad = [
-        Step::Split { stage: 0, at: 9, factors: vec![2] },
-        Step::Split { stage: 0, at: 0, factors: vec![16] },
+        Step::Split {
+            stage: 0,
+            at: 9,
+            factors: vec![2],
+        },
+        Step::Split {
+            stage: 0,
+            at: 0,
+            factors: vec![16],
+        },
         Step::Parallel { stage: 0, at: 2 },
-        Step::Reorder { stage: 0, order: vec![0, 0, 1] },
+        Step::Reorder {
+            stage: 0,
+            order: vec![0, 0, 1],
+        },
         Step::ComputeInline { stage: 1 },
         Step::ComputeInline { stage: 0 },
         Step::Fuse { stage: 0, at: 1 },
-        Step::ComputeAt { stage: 1, target: 0, at: 2 },
+        Step::ComputeAt {
+            stage: 1,
+            target: 0,
+            at: 2,
+        },
         Step::CacheWrite { stage: 1, at: 0 },
         Step::Vectorize { stage: 0, at: 0 },
     ];
     for step in bad {
-        let s = Schedule { steps: vec![step.clone()] };
+        let s = Schedule {
+            steps: vec![step.clone()],
+        };
         assert!(lower(&g, &s).is_err(), "{step:?} should be rejected");
     }
 }

@@ -178,22 +178,36 @@ impl Graph {
             .collect()
     }
 
-    /// Floating-point operations of one run (multiply-add = 2), for GFLOP/s figures.
+    /// Floating-point operations of one run (a multiply-add is 2), for GFLOP/s figures: float
+    /// arithmetic in each stage body per term, plus one combine per reduction term.
     pub fn flops(&self) -> f64 {
         self.stages
             .iter()
             .map(|s| {
                 let mut ops = 0usize;
                 s.body.visit(&mut |e| {
-                    if matches!(e, Expr::Binary(..) | Expr::Unary(..)) {
+                    if matches!(e, Expr::Binary(..) | Expr::Unary(..))
+                        && self.expr_dtype(e).is_float()
+                    {
                         ops += 1;
                     }
                 });
                 let red: usize = s.reduce.as_ref().map_or(1, |r| r.extents.iter().product());
                 let per = ops + usize::from(s.reduce.is_some());
-                (s.size() * red * per.max(1)) as f64
+                (s.size() * red * per) as f64
             })
             .sum()
+    }
+
+    /// The type of an expression of this graph (assuming it type-checks).
+    pub fn expr_dtype(&self, e: &Expr) -> DType {
+        match e {
+            Expr::Const(_, d) | Expr::Cast(d, _) => *d,
+            Expr::Axis(_) => DType::I32,
+            Expr::Load(t, _) => self.dtype(*t),
+            Expr::Unary(_, a) | Expr::Binary(_, a, _) | Expr::Select(_, a, _) => self.expr_dtype(a),
+            Expr::Cmp(..) => DType::Bool,
+        }
     }
 
     /// Checks references, ranks, types, and that every unguarded load stays in bounds.
@@ -358,9 +372,9 @@ impl Checker<'_> {
                 }
                 let (ta, tb) = (self.check(a, true)?, self.check(b, true)?);
                 if ta != tb {
-                    return Err(self.type_err(format!(
-                        "select branches have types {ta:?} and {tb:?}"
-                    )));
+                    return Err(
+                        self.type_err(format!("select branches have types {ta:?} and {tb:?}"))
+                    );
                 }
                 ta
             }

@@ -35,6 +35,9 @@ pub enum InterpError {
         /// The tensor.
         tensor: String,
     },
+    /// The graph does not validate.
+    #[error("invalid graph: {0}")]
+    Graph(#[from] crate::graph::GraphError),
     /// Integer division by zero.
     #[error("stage `{0}` divided an integer by zero")]
     DivByZero(String),
@@ -76,6 +79,7 @@ pub fn round_to(v: f64, dtype: DType) -> f64 {
 
 /// Evaluates the graph and returns the buffer of every stage (the output is the last).
 pub fn run_all(graph: &Graph, inputs: &[&[f64]]) -> Result<Vec<Vec<f64>>, InterpError> {
+    graph.validate()?;
     if inputs.len() != graph.inputs.len() {
         return Err(InterpError::InputCount {
             got: inputs.len(),
@@ -188,6 +192,15 @@ impl Eval<'_> {
                     (UnaryOp::Neg, Value::I(i)) => Value::I(wrap(-i)),
                     (UnaryOp::Abs, Value::I(i)) => Value::I(wrap(i.abs())),
                     (op, v) => Value::F(unary_f(*op, v.f())),
+                }
+            }
+            Expr::Binary(op @ (BinaryOp::And | BinaryOp::Or), a, b) => {
+                // Short-circuit, as the emitted Rust does.
+                let x = self.eval(a, axes)? == Value::B(true);
+                if x == (*op == BinaryOp::Or) {
+                    Value::B(x)
+                } else {
+                    Value::B(self.eval(b, axes)? == Value::B(true))
                 }
             }
             Expr::Binary(op, a, b) => {

@@ -339,7 +339,8 @@ fn index_const(op: &'static str, what: &str, v: i128) -> Result<i64, OpError> {
 /// `base`, or `base_1`, `base_2`, ... if a tensor of the builder already has that name.
 fn fresh_name(b: &GraphBuilder, base: &str) -> String {
     let g = b.graph();
-    let taken = |n: &str| g.stages.iter().any(|s| s.name == n) || g.inputs.iter().any(|p| p.name == n);
+    let taken =
+        |n: &str| g.stages.iter().any(|s| s.name == n) || g.inputs.iter().any(|p| p.name == n);
     if !taken(base) {
         return base.to_string();
     }
@@ -494,8 +495,7 @@ fn matmul_impl(
     stage: &str,
     (a, a_arg): (TensorRef, &'static str),
     w: TensorRef,
-    trans_a: bool,
-    trans_b: bool,
+    (trans_a, trans_b): (bool, bool),
     batched: bool,
 ) -> OpResult {
     let (sa, da) = info(b, op, a_arg, a)?;
@@ -576,8 +576,8 @@ fn matmul_impl(
     ))
 }
 
-/// Matrix product: `a` [M, K] (or [K, M] if `trans_a`) times `w` [K, N] (or [N, K] if `trans_b`)
-/// gives [M, N], as one reduce stage named `matmul` (axes i, j, then reduce axis k).
+/// Matrix product: `a: [M, K]` (or `[K, M]` if `trans_a`) times `w: [K, N]` (or `[N, K]` if `trans_b`)
+/// gives `[M, N]`, as one reduce stage named `matmul` (axes i, j, then reduce axis k).
 pub fn matmul(
     b: &mut GraphBuilder,
     a: TensorRef,
@@ -585,11 +585,19 @@ pub fn matmul(
     trans_a: bool,
     trans_b: bool,
 ) -> OpResult {
-    matmul_impl(b, "matmul", "matmul", (a, "a"), w, trans_a, trans_b, false)
+    matmul_impl(
+        b,
+        "matmul",
+        "matmul",
+        (a, "a"),
+        w,
+        (trans_a, trans_b),
+        false,
+    )
 }
 
-/// Batched matrix product: `a` [B, M, K] (or [B, K, M] if `trans_a`) times `w` [B, K, N] (or
-/// [B, N, K] if `trans_b`) gives [B, M, N], as one reduce stage named `batch_matmul`.
+/// Batched matrix product: `a: [B, M, K]` (or `[B, K, M]` if `trans_a`) times `w: [B, K, N]` (or
+/// `[B, N, K]` if `trans_b`) gives `[B, M, N]`, as one reduce stage named `batch_matmul`.
 pub fn batch_matmul(
     b: &mut GraphBuilder,
     a: TensorRef,
@@ -597,13 +605,21 @@ pub fn batch_matmul(
     trans_a: bool,
     trans_b: bool,
 ) -> OpResult {
-    matmul_impl(b, "batch_matmul", "batch_matmul", (a, "a"), w, trans_a, trans_b, true)
+    matmul_impl(
+        b,
+        "batch_matmul",
+        "batch_matmul",
+        (a, "a"),
+        w,
+        (trans_a, trans_b),
+        true,
+    )
 }
 
 /// A fully connected layer: `act(x @ w + bias)`.
 ///
-/// `x` is [M, K]; `w` is [K, N] (in features by out features, i.e. *not* PyTorch's [N, K]
-/// `Linear.weight`; transpose that or use [`matmul`] with `trans_b`); `bias`, if any, is [N].
+/// `x` is `[M, K]`; `w` is `[K, N]` (in features by out features, i.e. *not* PyTorch's `[N, K]`
+/// `Linear.weight`; transpose that or use [`matmul`] with `trans_b`); `bias`, if any, is `[N]`.
 /// Builds a `matmul` reduce stage and then, unless there is neither bias nor activation, ONE
 /// elementwise epilogue stage `dense_epilogue` that reads the matmul output at exactly `[i, j]`,
 /// so that schedules can fuse it into the reduction.
@@ -637,7 +653,7 @@ pub fn dense(
             ));
         }
     }
-    let mm = matmul_impl(b, OP, "matmul", (x, "x"), w, false, false, false)?;
+    let mm = matmul_impl(b, OP, "matmul", (x, "x"), w, (false, false), false)?;
     if bias.is_none() && act == Activation::None {
         return Ok(mm);
     }
@@ -672,7 +688,12 @@ fn binary_name(op: BinaryOp) -> &'static str {
 ///
 /// Both sides need the same element type (f32, f64 or i32); `And`/`Or` are rejected since tensors
 /// never hold booleans. Integer `Div`/`Rem` follow Rust (truncating). One stage, named after `op`.
-pub fn broadcast_binary(b: &mut GraphBuilder, op: BinaryOp, x: TensorRef, y: TensorRef) -> OpResult {
+pub fn broadcast_binary(
+    b: &mut GraphBuilder,
+    op: BinaryOp,
+    x: TensorRef,
+    y: TensorRef,
+) -> OpResult {
     broadcast_impl(b, "broadcast_binary", binary_name(op), op, x, y)
 }
 
@@ -850,9 +871,7 @@ pub fn neg(b: &mut GraphBuilder, x: TensorRef) -> OpResult {
 pub fn scale(b: &mut GraphBuilder, x: TensorRef, c: f64) -> OpResult {
     const OP: &str = "scale";
     let (_, dx) = info(b, OP, "x", x)?;
-    if dx == DType::I32
-        && (c.fract() != 0.0 || !(i32::MIN as f64..=i32::MAX as f64).contains(&c))
-    {
+    if dx == DType::I32 && (c.fract() != 0.0 || !(i32::MIN as f64..=i32::MAX as f64).contains(&c)) {
         return Err(OpError::InvalidParam {
             op: OP,
             msg: format!("factor {c} is not an i32, but x is i32"),
@@ -957,7 +976,9 @@ fn conv_nd(b: &mut GraphBuilder, x: TensorRef, w: TensorRef, spec: ConvSpec<'_>)
     if c % g != 0 || f % g != 0 {
         return Err(mismatch(
             op,
-            format!("groups = {g} must divide both the input channels C = {c} and the filters F = {f}"),
+            format!(
+                "groups = {g} must divide both the input channels C = {c} and the filters F = {f}"
+            ),
             "x",
             &sx,
             "w",
@@ -1033,8 +1054,9 @@ fn conv_nd(b: &mut GraphBuilder, x: TensorRef, w: TensorRef, spec: ConvSpec<'_>)
     ))
 }
 
-/// 1-D convolution (cross-correlation, as in deep-learning frameworks): `x` [N, C, L], `w`
-/// [F, C/groups, K] gives [N, F, Lout] with `Lout = (L + 2 pad - dilation (K - 1) - 1) / stride + 1`.
+/// 1-D convolution (cross-correlation, as in deep-learning frameworks): `x: [N, C, L]`,
+/// `w: [F, C/groups, K]` gives `[N, F, Lout]` with
+/// `Lout = (L + 2 pad - dilation (K - 1) - 1) / stride + 1`.
 ///
 /// With `pad > 0` a `pad` stage first builds the zero-padded input; the `conv1d` reduce stage has
 /// reduce axes (rc, rk). Output channel f belongs to group `f / (F / groups)`.
@@ -1055,10 +1077,10 @@ pub fn conv1d(b: &mut GraphBuilder, x: TensorRef, w: TensorRef, p: Conv1dParams)
     )
 }
 
-/// 2-D convolution, NCHW: `x` [N, C, H, W], `w` [F, C/groups, KH, KW] gives [N, F, Ho, Wo] with
+/// 2-D convolution, NCHW: `x: [N, C, H, W]`, `w: [F, C/groups, KH, KW]` gives `[N, F, Ho, Wo]` with
 /// `Ho = (H + 2 pad.0 - dilation.0 (KH - 1) - 1) / stride.0 + 1` (likewise Wo).
 ///
-/// With any pad > 0, a `pad` stage [N, C, H + 2 pad.0, W + 2 pad.1] first builds the zero-padded
+/// With any pad > 0, a `pad` stage `[N, C, H + 2 pad.0, W + 2 pad.1]` first builds the zero-padded
 /// input with a select; the `conv2d` reduce stage then reads it unguarded, with reduce axes
 /// (rc, ry, rx). Output channel f belongs to group `f / (F / groups)` and reads input channel
 /// `group * (C / groups) + rc`; `groups == C` is a depthwise convolution.
@@ -1079,8 +1101,8 @@ pub fn conv2d(b: &mut GraphBuilder, x: TensorRef, w: TensorRef, p: Conv2dParams)
     )
 }
 
-/// 3-D convolution, NCDHW: `x` [N, C, D, H, W], `w` [F, C/groups, KD, KH, KW] gives
-/// [N, F, Do, Ho, Wo]; as [`conv2d`] in one more dimension (reduce axes rc, rz, ry, rx).
+/// 3-D convolution, NCDHW: `x: [N, C, D, H, W]`, `w: [F, C/groups, KD, KH, KW]` gives
+/// `[N, F, Do, Ho, Wo]`; as [`conv2d`] in one more dimension (reduce axes rc, rz, ry, rx).
 pub fn conv3d(b: &mut GraphBuilder, x: TensorRef, w: TensorRef, p: Conv3dParams) -> OpResult {
     conv_nd(
         b,
@@ -1099,7 +1121,7 @@ pub fn conv3d(b: &mut GraphBuilder, x: TensorRef, w: TensorRef, p: Conv3dParams)
 }
 
 /// Transposed 2-D convolution (the gradient of [`conv2d`] with respect to its input), PyTorch's
-/// layout: `x` [N, C, H, W], `w` [C, F/groups, KH, KW] gives [N, F, Ho, Wo] with
+/// layout: `x: [N, C, H, W]`, `w: [C, F/groups, KH, KW]` gives `[N, F, Ho, Wo]` with
 /// `Ho = (H - 1) stride.0 - 2 pad.0 + dilation.0 (KH - 1) + 1` (no output padding).
 ///
 /// Built as one gather-form reduce stage `conv2d_transpose` with reduce axes (rc, ry, rx):
@@ -1182,7 +1204,9 @@ fn conv_transpose_nd(
         if o < 1 {
             return Err(mismatch(
                 op,
-                format!("the output extent along spatial axis {i} would be {o}; reduce the padding"),
+                format!(
+                    "the output extent along spatial axis {i} would be {o}; reduce the padding"
+                ),
                 "x",
                 &sx,
                 "w",
@@ -1213,17 +1237,17 @@ fn conv_transpose_nd(
     let mut ix = vec![ax(0), cin.clone()];
     let mut iw = vec![cin, wf];
     let mut conds = Vec::new();
-    for i in 0..d {
+    for (i, &lim) in lims.iter().enumerate() {
         let s = spec.stride[i] as i64;
         // t = o + pad - k * dilation; the input position is t / stride when that is exact.
-        let t = offset(ax(2 + i), spec.pad[i] as i64)
-            - times(ax(ns + 1 + i), spec.dilation[i] as i64);
+        let t =
+            offset(ax(2 + i), spec.pad[i] as i64) - times(ax(ns + 1 + i), spec.dilation[i] as i64);
         let (lo, hi) = interval(&t, &all_extents);
         if lo < 0 {
             conds.push(t.clone().cmp(CmpOp::Ge, Expr::int(0)));
         }
-        if hi >= lims[i] {
-            conds.push(t.clone().cmp(CmpOp::Lt, Expr::int(lims[i])));
+        if hi >= lim {
+            conds.push(t.clone().cmp(CmpOp::Lt, Expr::int(lim)));
         }
         if s > 1 {
             conds.push((t.clone() % Expr::int(s)).cmp(CmpOp::Eq, Expr::int(0)));
@@ -1236,14 +1260,7 @@ fn conv_transpose_nd(
         None => load(x, ix),
     };
     let name = fresh_name(b, op);
-    Ok(b.reduce(
-        &name,
-        &shape,
-        dx,
-        ReduceOp::Sum,
-        &extents,
-        xv * load(w, iw),
-    ))
+    Ok(b.reduce(&name, &shape, dx, ReduceOp::Sum, &extents, xv * load(w, iw)))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1271,12 +1288,13 @@ pub fn softmax(b: &mut GraphBuilder, x: TensorRef, axis: isize) -> OpResult {
         &[l],
         load(x, r.input_from_reduced.clone()),
     );
-    let shifted = (load(x, r.input_from_reduced.clone()) - load(m, r.reduced_from_reduced.clone())).exp();
+    let shifted =
+        (load(x, r.input_from_reduced.clone()) - load(m, r.reduced_from_reduced.clone())).exp();
     let name = fresh_name(b, "softmax_sum");
     let s = b.reduce(&name, &r.shape, dx, ReduceOp::Sum, &[l], shifted);
     let full = axes(0..sx.len());
-    let body = (load(x, full) - load(m, r.reduced_from_full.clone())).exp()
-        / load(s, r.reduced_from_full);
+    let body =
+        (load(x, full) - load(m, r.reduced_from_full.clone())).exp() / load(s, r.reduced_from_full);
     let name = fresh_name(b, OP);
     Ok(b.compute(&name, &sx, dx, body))
 }
@@ -1284,7 +1302,7 @@ pub fn softmax(b: &mut GraphBuilder, x: TensorRef, axis: isize) -> OpResult {
 /// Layer normalisation over the last axis, floats only:
 /// `(x - mean) / sqrt(var + eps) * gamma + beta` with the biased (population) variance.
 ///
-/// `x` is [..., L]; `gamma` and `beta` are [L]. Three stages: `layer_norm_mean` and
+/// `x` is `[..., L]`; `gamma` and `beta` are `[L]`. Three stages: `layer_norm_mean` and
 /// `layer_norm_var` (sum-reductions over the last axis, two-pass for stability; shape of x
 /// without its last axis, `[1]` for 1-D x) and the elementwise `layer_norm`.
 pub fn layer_norm(
@@ -1360,15 +1378,13 @@ pub fn layer_norm(
 ///
 /// Each returns an error, never panics, on sizes the op rejects.
 pub mod workloads {
-    use super::{
-        Activation, Conv1dParams, Conv2dParams, Conv3dParams, OpError,
-    };
+    use super::{Activation, Conv1dParams, Conv2dParams, Conv3dParams, OpError};
     use crate::expr::DType;
     use crate::graph::{Graph, GraphBuilder};
 
     const F: DType = DType::F32;
 
-    /// `a` [m, k] times `b` [k, n].
+    /// `a: [m, k]` times `b: [k, n]`.
     pub fn matmul(m: usize, k: usize, n: usize) -> Result<Graph, OpError> {
         let mut g = GraphBuilder::new();
         let a = g.input("a", &[m, k], F);
@@ -1387,7 +1403,7 @@ pub mod workloads {
         Ok(g.finish()?)
     }
 
-    /// `a` [b, m, k] times `w` [b, k, n].
+    /// `a: [b, m, k]` times `w: [b, k, n]`.
     pub fn batch_matmul(b: usize, m: usize, k: usize, n: usize) -> Result<Graph, OpError> {
         let mut g = GraphBuilder::new();
         let a = g.input("a", &[b, m, k], F);
@@ -1396,7 +1412,7 @@ pub mod workloads {
         Ok(g.finish()?)
     }
 
-    /// [`super::conv1d`] of data [n, c, l] with weights [f, c/groups, k].
+    /// [`super::conv1d`] of data `[n, c, l]` with weights `[f, c/groups, k]`.
     #[allow(clippy::too_many_arguments)]
     pub fn conv1d(
         n: usize,
@@ -1422,7 +1438,7 @@ pub mod workloads {
         Ok(g.finish()?)
     }
 
-    /// [`super::conv2d`] of data [n, c, h, w] with weights [f, c/groups, kh, kw]; stride, pad
+    /// [`super::conv2d`] of data `[n, c, h, w]` with weights `[f, c/groups, kh, kw]`; stride, pad
     /// and dilation apply to both spatial axes.
     #[allow(clippy::too_many_arguments)]
     pub fn conv2d(
@@ -1451,8 +1467,8 @@ pub mod workloads {
         Ok(g.finish()?)
     }
 
-    /// Depthwise [`super::conv2d`] (groups = c, one filter per channel): data [n, c, h, w],
-    /// weights [c, 1, kh, kw].
+    /// Depthwise [`super::conv2d`] (groups = c, one filter per channel): data `[n, c, h, w]`,
+    /// weights `[c, 1, kh, kw]`.
     #[allow(clippy::too_many_arguments)]
     pub fn depthwise_conv2d(
         n: usize,
@@ -1468,7 +1484,7 @@ pub mod workloads {
         conv2d(n, c, h, w, c, kh, kw, stride, pad, dilation, c)
     }
 
-    /// [`super::conv3d`] of data [n, c, d, h, w] with weights [f, c/groups, kd, kh, kw]; stride,
+    /// [`super::conv3d`] of data `[n, c, d, h, w]` with weights `[f, c/groups, kd, kh, kw]`; stride,
     /// pad and dilation apply to all three spatial axes.
     #[allow(clippy::too_many_arguments)]
     pub fn conv3d(
@@ -1499,7 +1515,7 @@ pub mod workloads {
         Ok(g.finish()?)
     }
 
-    /// [`super::conv2d_transpose`] of data [n, c, h, w] with weights [c, f, kh, kw] (groups 1);
+    /// [`super::conv2d_transpose`] of data `[n, c, h, w]` with weights `[c, f, kh, kw]` (groups 1);
     /// stride, pad and dilation apply to both spatial axes.
     #[allow(clippy::too_many_arguments)]
     pub fn conv2d_transpose(
@@ -1527,7 +1543,7 @@ pub mod workloads {
         Ok(g.finish()?)
     }
 
-    /// Softmax over the last axis of x [rows, cols].
+    /// Softmax over the last axis of x `[rows, cols]`.
     pub fn softmax(rows: usize, cols: usize) -> Result<Graph, OpError> {
         let mut g = GraphBuilder::new();
         let x = g.input("x", &[rows, cols], F);
@@ -1535,7 +1551,7 @@ pub mod workloads {
         Ok(g.finish()?)
     }
 
-    /// Layer norm over the last axis of x [rows, cols] with gamma, beta [cols] and eps 1e-5.
+    /// Layer norm over the last axis of x `[rows, cols]` with gamma, beta `[cols]` and eps 1e-5.
     pub fn layer_norm(rows: usize, cols: usize) -> Result<Graph, OpError> {
         let mut g = GraphBuilder::new();
         let x = g.input("x", &[rows, cols], F);

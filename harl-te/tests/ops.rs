@@ -1,9 +1,16 @@
 //! The op library against hand-written nested-loop references, run through the interpreter.
 
 use harl_te::interp;
-use harl_te::ops::{self, workloads, Activation, Conv1dParams, Conv2dParams, Conv3dParams, OpError};
+use harl_te::ops::{
+    self, workloads, Activation, Conv1dParams, Conv2dParams, Conv3dParams, OpError,
+};
 use harl_te::{BinaryOp, DType, Expr, Graph, GraphBuilder, TensorRef};
 use proptest::prelude::*;
+
+/// A scalar reference function.
+type F1 = fn(f64) -> f64;
+/// A binary scalar reference function.
+type F2 = fn(f64, f64) -> f64;
 
 /// A tiny deterministic LCG; values in [-1, 1).
 struct Lcg(u64);
@@ -96,7 +103,10 @@ fn matmul_i32() {
     let g = b.finish().unwrap();
     let av = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
     let wv = [1.0, -1.0, 2.0, 0.0, -3.0, 7.0];
-    assert_eq!(run(&g, &[&av, &wv]), ref_matmul(&av, &wv, 2, 3, 2, false, false));
+    assert_eq!(
+        run(&g, &[&av, &wv]),
+        ref_matmul(&av, &wv, 2, 3, 2, false, false)
+    );
 }
 
 #[test]
@@ -137,7 +147,7 @@ fn gelu_ref(x: f64) -> f64 {
 fn dense_epilogue_is_one_fused_stage() {
     let (m, k, n) = (3, 4, 5);
     let mut r = Lcg(3);
-    let acts: [(Activation, fn(f64) -> f64); 4] = [
+    let acts: [(Activation, F1); 4] = [
         (Activation::None, |v| v),
         (Activation::Relu, |v| v.max(0.0)),
         (Activation::Gelu, gelu_ref),
@@ -152,7 +162,11 @@ fn dense_epilogue_is_one_fused_stage() {
             let y = ops::dense(&mut b, x, w, with_bias.then_some(bias), act).unwrap();
             let g = b.finish().unwrap();
             assert_eq!(g.shape(y), &[m, n]);
-            let want_stages = if !with_bias && act == Activation::None { 1 } else { 2 };
+            let want_stages = if !with_bias && act == Activation::None {
+                1
+            } else {
+                2
+            };
             assert_eq!(g.stages.len(), want_stages, "{act:?} bias={with_bias}");
             if want_stages == 2 {
                 assert!(g.stages[1].reduce.is_none());
@@ -180,7 +194,7 @@ fn dense_epilogue_is_one_fused_stage() {
 
 /// Numpy-style broadcast reference via strides.
 fn ref_broadcast(
-    op: fn(f64, f64) -> f64,
+    op: F2,
     x: &[f64],
     sx: &[usize],
     y: &[f64],
@@ -220,7 +234,7 @@ fn broadcast_binary_shapes() {
         (&[1], &[2, 2], &[2, 2]),
         (&[3, 1], &[1, 4], &[3, 4]),
     ];
-    let ops_: [(BinaryOp, fn(f64, f64) -> f64); 5] = [
+    let ops_: [(BinaryOp, F2); 5] = [
         (BinaryOp::Add, |a, b| a + b),
         (BinaryOp::Sub, |a, b| a - b),
         (BinaryOp::Mul, |a, b| a * b),
@@ -284,7 +298,7 @@ fn elementwise_wrappers_and_i32() {
 fn unary_ops_match() {
     let mut r = Lcg(5);
     type Build = fn(&mut GraphBuilder, TensorRef) -> ops::OpResult;
-    let cases: [(&str, Build, fn(f64) -> f64); 7] = [
+    let cases: [(&str, Build, F1); 7] = [
         ("relu", ops::relu, |v| v.max(0.0)),
         ("gelu", ops::gelu, gelu_ref),
         ("tanh", ops::tanh, f64::tanh),
@@ -312,7 +326,13 @@ fn unary_ops_match() {
 fn generic_unary_and_cast() {
     let mut b = GraphBuilder::new();
     let x = b.input("x", &[5], DType::F64);
-    let sq = ops::unary(&mut b, x, |e| e.clone() * e + Expr::lit(1.0, DType::F64), "sq1").unwrap();
+    let sq = ops::unary(
+        &mut b,
+        x,
+        |e| e.clone() * e + Expr::lit(1.0, DType::F64),
+        "sq1",
+    )
+    .unwrap();
     let c = ops::cast(&mut b, sq, DType::I32).unwrap();
     let g = b.finish().unwrap();
     assert_eq!(g.stages[0].name, "sq1");
@@ -447,7 +467,12 @@ fn ref_conv2d(
     out
 }
 
-fn check_conv2d(r: &mut Lcg, xs: (usize, usize, usize, usize), (f, kh, kw): (usize, usize, usize), p: Conv2dParams) {
+fn check_conv2d(
+    r: &mut Lcg,
+    xs: (usize, usize, usize, usize),
+    (f, kh, kw): (usize, usize, usize),
+    p: Conv2dParams,
+) {
     let (n, c, h, wd) = xs;
     let mut b = GraphBuilder::new();
     let x = b.input("x", &[n, c, h, wd], DType::F32);
@@ -466,9 +491,14 @@ fn check_conv2d(r: &mut Lcg, xs: (usize, usize, usize, usize), (f, kh, kw): (usi
             vec![n, c, h + 2 * p.pad.0, wd + 2 * p.pad.1]
         );
         // The conv stage reads the padded tensor without any select.
-        g.stages[1].body.visit(&mut |e| assert!(!matches!(e, Expr::Select(..))));
+        g.stages[1]
+            .body
+            .visit(&mut |e| assert!(!matches!(e, Expr::Select(..))));
     }
-    let (xv, wv) = (r.vec32(n * c * h * wd), r.vec32(f * (c / p.groups) * kh * kw));
+    let (xv, wv) = (
+        r.vec32(n * c * h * wd),
+        r.vec32(f * (c / p.groups) * kh * kw),
+    );
     close(
         &run(&g, &[&xv, &wv]),
         &ref_conv2d(&xv, &wv, xs, (f, kh, kw), p),
@@ -489,7 +519,12 @@ fn conv2d_matches() {
         };
         check_conv2d(&mut r, (1, 3, 5, 5), (4, 3, 3), p);
         // Depthwise.
-        check_conv2d(&mut r, (1, 3, 5, 5), (3, 3, 3), Conv2dParams { groups: 3, ..p });
+        check_conv2d(
+            &mut r,
+            (1, 3, 5, 5),
+            (3, 3, 3),
+            Conv2dParams { groups: 3, ..p },
+        );
     }
     // No padding, unit stride; asymmetric parameters; grouped with channel multiplier.
     check_conv2d(&mut r, (2, 2, 4, 5), (3, 2, 3), Conv2dParams::default());
@@ -556,7 +591,8 @@ fn ref_conv3d(
                                         }
                                         let (iz, iy, ix) = (iz as usize, iy as usize, ix as usize);
                                         let xv = x[(((ni * c + ci) * d + iz) * h + iy) * wd + ix];
-                                        let wv = w[(((fi * cg + rc) * kd + rz) * kh + ry) * kw + rx];
+                                        let wv =
+                                            w[(((fi * cg + rc) * kd + rz) * kh + ry) * kw + rx];
                                         s += xv * wv;
                                     }
                                 }
@@ -594,7 +630,10 @@ fn conv3d_matches() {
         let wt = b.input("w", &[f, c / p.groups, kd, kh, kw], DType::F64);
         ops::conv3d(&mut b, x, wt, p).unwrap();
         let g = b.finish().unwrap();
-        let (xv, wv) = (r.vec(n * c * d * h * w), r.vec(f * (c / p.groups) * kd * kh * kw));
+        let (xv, wv) = (
+            r.vec(n * c * d * h * w),
+            r.vec(f * (c / p.groups) * kd * kh * kw),
+        );
         close(
             &run(&g, &[&xv, &wv]),
             &ref_conv3d(&xv, &wv, (n, c, d, h, w), (f, kd, kh, kw), p),
@@ -825,7 +864,11 @@ fn layer_norm_matches() {
                 want.push((v - mean) / (var + 1e-5).sqrt() * gv[j] + bv[j]);
             }
         }
-        close(&run(&g, &[&xv, &gv, &bv]), &want, &format!("layer_norm {shape:?}"));
+        close(
+            &run(&g, &[&xv, &gv, &bv]),
+            &want,
+            &format!("layer_norm {shape:?}"),
+        );
     }
 }
 
@@ -845,7 +888,12 @@ fn builder_with(shapes: &[(&[usize], DType)]) -> (GraphBuilder, Vec<TensorRef>) 
 #[test]
 fn shape_errors() {
     use DType::{F32, I32};
-    let (mut b, t) = builder_with(&[(&[2, 3], F32), (&[4, 5], F32), (&[3], F32), (&[2, 3, 4], F32)]);
+    let (mut b, t) = builder_with(&[
+        (&[2, 3], F32),
+        (&[4, 5], F32),
+        (&[3], F32),
+        (&[2, 3, 4], F32),
+    ]);
     let e = ops::matmul(&mut b, t[0], t[1], false, false).unwrap_err();
     assert!(matches!(e, OpError::ShapeMismatch { .. }), "{e}");
     let msg = e.to_string();
@@ -893,20 +941,40 @@ fn shape_errors() {
     // Nothing was added by the failed calls.
     assert!(b.graph().stages.is_empty());
 
-    let (mut b, t) = builder_with(&[(&[2, 3], F32), (&[3, 2], I32), (&[2, 2], I32), (&[2, 0], F32)]);
+    let (mut b, t) = builder_with(&[
+        (&[2, 3], F32),
+        (&[3, 2], I32),
+        (&[2, 2], I32),
+        (&[2, 0], F32),
+    ]);
     assert!(matches!(
         ops::matmul(&mut b, t[0], t[1], false, false),
         Err(OpError::DTypeMismatch { .. })
     ));
-    assert!(matches!(ops::gelu(&mut b, t[2]), Err(OpError::UnsupportedDType { .. })));
-    assert!(matches!(ops::softmax(&mut b, t[2], -1), Err(OpError::UnsupportedDType { .. })));
+    assert!(matches!(
+        ops::gelu(&mut b, t[2]),
+        Err(OpError::UnsupportedDType { .. })
+    ));
+    assert!(matches!(
+        ops::softmax(&mut b, t[2], -1),
+        Err(OpError::UnsupportedDType { .. })
+    ));
     assert!(matches!(
         ops::dense(&mut b, t[1], t[2], None, Activation::Tanh),
         Err(OpError::UnsupportedDType { .. })
     ));
-    assert!(matches!(ops::scale(&mut b, t[2], 0.5), Err(OpError::InvalidParam { .. })));
-    assert!(matches!(ops::cast(&mut b, t[2], DType::Bool), Err(OpError::UnsupportedDType { .. })));
-    assert!(matches!(ops::relu(&mut b, t[3]), Err(OpError::EmptyTensor { .. })));
+    assert!(matches!(
+        ops::scale(&mut b, t[2], 0.5),
+        Err(OpError::InvalidParam { .. })
+    ));
+    assert!(matches!(
+        ops::cast(&mut b, t[2], DType::Bool),
+        Err(OpError::UnsupportedDType { .. })
+    ));
+    assert!(matches!(
+        ops::relu(&mut b, t[3]),
+        Err(OpError::EmptyTensor { .. })
+    ));
     assert!(b.graph().stages.is_empty());
 }
 
@@ -925,24 +993,48 @@ fn conv_errors() {
     let ok = Conv2dParams::default();
     assert!(ops::conv2d(&mut b, t[0], t[1], ok).is_ok());
     // Wrong channel count in the weights.
-    assert!(matches!(ops::conv2d(&mut b, t[0], t[2], ok), Err(OpError::ShapeMismatch { .. })));
+    assert!(matches!(
+        ops::conv2d(&mut b, t[0], t[2], ok),
+        Err(OpError::ShapeMismatch { .. })
+    ));
     // Kernel larger than the input.
-    assert!(matches!(ops::conv2d(&mut b, t[0], t[3], ok), Err(OpError::ShapeMismatch { .. })));
+    assert!(matches!(
+        ops::conv2d(&mut b, t[0], t[3], ok),
+        Err(OpError::ShapeMismatch { .. })
+    ));
     // Rank.
-    assert!(matches!(ops::conv2d(&mut b, t[4], t[1], ok), Err(OpError::Rank { .. })));
+    assert!(matches!(
+        ops::conv2d(&mut b, t[4], t[1], ok),
+        Err(OpError::Rank { .. })
+    ));
     // Zero stride, zero dilation, zero groups.
     for p in [
-        Conv2dParams { stride: (0, 1), ..ok },
-        Conv2dParams { dilation: (1, 0), ..ok },
+        Conv2dParams {
+            stride: (0, 1),
+            ..ok
+        },
+        Conv2dParams {
+            dilation: (1, 0),
+            ..ok
+        },
         Conv2dParams { groups: 0, ..ok },
     ] {
-        assert!(matches!(ops::conv2d(&mut b, t[0], t[1], p), Err(OpError::InvalidParam { .. })));
+        assert!(matches!(
+            ops::conv2d(&mut b, t[0], t[1], p),
+            Err(OpError::InvalidParam { .. })
+        ));
     }
     // Groups that do not divide the channels, or the filters.
     let g3 = Conv2dParams { groups: 3, ..ok };
-    assert!(matches!(ops::conv2d(&mut b, t[0], t[1], g3), Err(OpError::ShapeMismatch { .. })));
+    assert!(matches!(
+        ops::conv2d(&mut b, t[0], t[1], g3),
+        Err(OpError::ShapeMismatch { .. })
+    ));
     let g4 = Conv2dParams { groups: 4, ..ok };
-    assert!(matches!(ops::conv2d(&mut b, t[0], t[5], g4), Err(OpError::ShapeMismatch { .. })));
+    assert!(matches!(
+        ops::conv2d(&mut b, t[0], t[5], g4),
+        Err(OpError::ShapeMismatch { .. })
+    ));
     // Transpose: w's first dim must be C; too much padding.
     assert!(ops::conv2d_transpose(&mut b, t[0], t[6], ok).is_ok());
     assert!(matches!(
@@ -963,7 +1055,15 @@ fn conv_errors() {
     ));
     // Huge padding beyond i32 index arithmetic.
     assert!(matches!(
-        ops::conv2d(&mut b, t[0], t[1], Conv2dParams { pad: (usize::MAX / 2, 0), ..ok }),
+        ops::conv2d(
+            &mut b,
+            t[0],
+            t[1],
+            Conv2dParams {
+                pad: (usize::MAX / 2, 0),
+                ..ok
+            }
+        ),
         Err(OpError::InvalidParam { .. })
     ));
 }
@@ -1005,7 +1105,11 @@ fn workloads_build_and_validate() {
         .enumerate()
         .map(|(i, v)| (v + bias[i % 4]).max(0.0))
         .collect();
-    close(&run(&g, &[&x, &w, &bias]), &want, "dense_bias_relu workload");
+    close(
+        &run(&g, &[&x, &w, &bias]),
+        &want,
+        "dense_bias_relu workload",
+    );
 }
 
 #[test]
@@ -1026,12 +1130,20 @@ fn workload_key_ignores_names_not_shapes() {
     assert_eq!(a.workload_key(), b2.workload_key());
     assert_ne!(a.workload_key(), build("x", "w", 5).workload_key());
     assert_eq!(
-        workloads::conv2d(1, 3, 8, 8, 4, 3, 3, 1, 1, 1, 1).unwrap().workload_key(),
-        workloads::conv2d(1, 3, 8, 8, 4, 3, 3, 1, 1, 1, 1).unwrap().workload_key()
+        workloads::conv2d(1, 3, 8, 8, 4, 3, 3, 1, 1, 1, 1)
+            .unwrap()
+            .workload_key(),
+        workloads::conv2d(1, 3, 8, 8, 4, 3, 3, 1, 1, 1, 1)
+            .unwrap()
+            .workload_key()
     );
     assert_ne!(
-        workloads::conv2d(1, 3, 8, 8, 4, 3, 3, 1, 1, 1, 1).unwrap().workload_key(),
-        workloads::conv2d(1, 3, 8, 8, 4, 3, 3, 1, 1, 2, 1).unwrap().workload_key()
+        workloads::conv2d(1, 3, 8, 8, 4, 3, 3, 1, 1, 1, 1)
+            .unwrap()
+            .workload_key(),
+        workloads::conv2d(1, 3, 8, 8, 4, 3, 3, 1, 1, 2, 1)
+            .unwrap()
+            .workload_key()
     );
     assert_ne!(
         workloads::matmul(4, 5, 6).unwrap().workload_key(),

@@ -91,7 +91,11 @@ pub fn random_schedule(graph: &Graph, seed: u64, attempts: usize) -> Schedule {
                 if rng.below(2) == 0 {
                     Step::ComputeInline { stage }
                 } else {
-                    Step::ComputeAt { stage, target: rng.below(n), at }
+                    Step::ComputeAt {
+                        stage,
+                        target: rng.below(n),
+                        at,
+                    }
                 }
             }
         };
