@@ -39,3 +39,12 @@ pub enum KernelError {
         shape: &'static str,
     },
 }
+
+/// Includes the kernels registered with `harl_build::Builder::kernel` in `build.rs`, as one
+/// module per kernel, each with a `run` function.
+#[macro_export]
+macro_rules! include_kernels {
+    () => {
+        include!(concat!(env!("OUT_DIR"), "/harl/kernels.rs"));
+    };
+}

@@ -185,7 +185,7 @@ fn emit_run(out: &mut String, p: &Program, meta: &KernelMeta) {
             );
         }
     }
-    out.push_str("    let b = Bufs {\n");
+    out.push_str("    let __harl_b = Bufs {\n");
     for (i, name) in meta.params.iter().enumerate() {
         let ty = g.inputs[i].dtype.rust_name();
         let _ = writeln!(
@@ -207,7 +207,7 @@ fn emit_run(out: &mut String, p: &Program, meta: &KernelMeta) {
             "        s{s}: ::harl::runtime::SyncPtr({buf}.as_mut_ptr()),"
         );
     }
-    out.push_str("    };\n    let isa = ::harl::runtime::Isa::detect();\n");
+    out.push_str("    };\n    let __harl_isa = ::harl::runtime::Isa::detect();\n");
     for (n, nest) in p.nests.iter().enumerate() {
         match nest.body.as_slice() {
             [Stmt::For {
@@ -217,13 +217,13 @@ fn emit_run(out: &mut String, p: &Program, meta: &KernelMeta) {
             }] => {
                 let _ = writeln!(
                     out,
-                    "    // SAFETY: iterations of a parallel loop write disjoint elements (spatial loops only).\n    ::harl::runtime::parallel_for({extent}, |v| unsafe {{ nest{n}_dispatch(isa, b, v) }});"
+                    "    // SAFETY: iterations of a parallel loop write disjoint elements (spatial loops only).\n    ::harl::runtime::parallel_for({extent}, |__harl_v| unsafe {{ nest{n}_dispatch(__harl_isa, __harl_b, __harl_v) }});"
                 );
             }
             _ => {
                 let _ = writeln!(
                     out,
-                    "    // SAFETY: the buffers behind `b` have the lengths checked above.\n    unsafe {{ nest{n}_dispatch(isa, b, 0) }};"
+                    "    // SAFETY: the buffers behind `b` have the lengths checked above.\n    unsafe {{ nest{n}_dispatch(__harl_isa, __harl_b, 0) }};"
                 );
             }
         }

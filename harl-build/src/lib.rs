@@ -3,12 +3,15 @@
 
 #![warn(missing_docs)]
 
+pub mod builder;
 pub mod cache;
 pub mod codegen;
 pub mod default_schedule;
 pub mod loop_ir;
 pub mod lower;
+pub mod scan;
 pub mod schedule;
 pub mod target;
 
+pub use builder::{BuildError, Builder, Report, ScheduleSource, TuneMode};
 pub use harl_te as te;

@@ -1,0 +1,461 @@
+//! The `build.rs` entry point: find kernels, pick schedules, write generated Rust to `OUT_DIR`.
+//!
+//! ```no_run
+//! // build.rs
+//! fn main() {
+//!     harl_build::Builder::new().scan_crate().compile();
+//! }
+//! ```
+//! Kernels declared with `#[harl::kernel]` are found by scanning the crate's sources; ops can
+//! also be registered directly with [`Builder::kernel`] and included with
+//! `harl::include_kernels!()`.
+
+use crate::cache::{LookupSource, TuningCache};
+use crate::codegen::{emit_module, KernelMeta};
+use crate::default_schedule::{default_schedule, CpuTarget};
+use crate::lower::lower;
+use crate::scan;
+use crate::schedule::Schedule;
+use crate::target::TargetFingerprint;
+use harl_te::Graph;
+use std::path::{Path, PathBuf};
+
+/// How much tuning a build may do (`HARL_TUNE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TuneMode {
+    /// Default schedules only; the cache is not read.
+    Off,
+    /// Use cache records; never tune (the default).
+    Cache,
+    /// Tune cache misses within the budget.
+    On,
+}
+
+impl TuneMode {
+    /// Parses `off`, `cache` or `on`.
+    pub fn parse(s: &str) -> Option<TuneMode> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "off" | "0" | "false" => Some(TuneMode::Off),
+            "cache" => Some(TuneMode::Cache),
+            "on" | "1" | "true" => Some(TuneMode::On),
+            _ => None,
+        }
+    }
+}
+
+/// Why a build step failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// A variable cargo sets for build scripts is missing (not running under cargo?).
+    #[error(
+        "environment variable {0} is not set; run from a build script or set Builder::out_dir"
+    )]
+    MissingEnv(&'static str),
+    /// Reading sources or writing generated code failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// A kernel registered with [`Builder::kernel`] is invalid.
+    #[error("kernel `{name}`: {why}")]
+    InvalidKernel {
+        /// Its name.
+        name: String,
+        /// What is wrong.
+        why: String,
+    },
+}
+
+/// Where the schedule of a generated kernel came from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ScheduleSource {
+    /// The default heuristic.
+    Default,
+    /// A cache record for this exact target.
+    CacheExact {
+        /// Measured latency of the record.
+        latency_s: f64,
+    },
+    /// A cache record from a CPU of the same ISA class.
+    CacheCompatible {
+        /// Measured latency of the record.
+        latency_s: f64,
+    },
+}
+
+impl std::fmt::Display for ScheduleSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ScheduleSource::Default => write!(f, "default schedule"),
+            ScheduleSource::CacheExact { latency_s } => {
+                write!(f, "tuning cache, exact target (recorded {latency_s:.3e} s)")
+            }
+            ScheduleSource::CacheCompatible { latency_s } => {
+                write!(
+                    f,
+                    "tuning cache, same ISA class (recorded {latency_s:.3e} s)"
+                )
+            }
+        }
+    }
+}
+
+/// One generated kernel.
+#[derive(Clone, Debug)]
+pub struct KernelReport {
+    /// Kernel name.
+    pub name: String,
+    /// Workload key.
+    pub workload_key: String,
+    /// Where its schedule came from.
+    pub source: ScheduleSource,
+    /// The generated file.
+    pub path: PathBuf,
+}
+
+/// What a build generated, and the warnings it gave.
+#[derive(Clone, Debug, Default)]
+pub struct Report {
+    /// Every generated kernel.
+    pub kernels: Vec<KernelReport>,
+    /// Warnings (already printed as `cargo:warning` when running under cargo).
+    pub warnings: Vec<String>,
+}
+
+struct Registered {
+    name: String,
+    graph: Graph,
+}
+
+/// Configures and runs harl's build step.
+#[derive(Default)]
+pub struct Builder {
+    scan: Vec<PathBuf>,
+    kernels: Vec<Registered>,
+    out_dir: Option<PathBuf>,
+    cache_dir: Option<PathBuf>,
+    mode: Option<TuneMode>,
+    quiet: bool,
+}
+
+impl Builder {
+    /// A builder with nothing registered.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Scans the crate's `src/` for `#[harl::kernel]` items.
+    pub fn scan_crate(mut self) -> Self {
+        let root = std::env::var_os("CARGO_MANIFEST_DIR")
+            .map_or_else(|| PathBuf::from("."), PathBuf::from);
+        self.scan.push(root.join("src"));
+        self
+    }
+
+    /// Scans a file or directory for `#[harl::kernel]` items.
+    pub fn scan_path(mut self, path: impl AsRef<Path>) -> Self {
+        self.scan.push(path.as_ref().to_path_buf());
+        self
+    }
+
+    /// Registers an op built with `harl_te` (e.g. `harl_te::ops::workloads::matmul(512, 512, 512)`)
+    /// as module `name` of the file `harl::include_kernels!()` includes.
+    pub fn kernel(mut self, name: &str, graph: Graph) -> Self {
+        self.kernels.push(Registered {
+            name: name.to_string(),
+            graph,
+        });
+        self
+    }
+
+    /// Writes generated code here instead of `$OUT_DIR`.
+    pub fn out_dir(mut self, dir: impl AsRef<Path>) -> Self {
+        self.out_dir = Some(dir.as_ref().to_path_buf());
+        self
+    }
+
+    /// Reads tuning records from here (default `$CARGO_MANIFEST_DIR/tuning-cache`;
+    /// `HARL_CACHE_DIR` overrides both).
+    pub fn cache_dir(mut self, dir: impl AsRef<Path>) -> Self {
+        self.cache_dir = Some(dir.as_ref().to_path_buf());
+        self
+    }
+
+    /// Sets the tuning mode (`HARL_TUNE` overrides it).
+    pub fn tune(mut self, mode: TuneMode) -> Self {
+        self.mode = Some(mode);
+        self
+    }
+
+    /// Does not print `cargo:` lines (for use outside build scripts and in tests).
+    pub fn quiet(mut self) -> Self {
+        self.quiet = true;
+        self
+    }
+
+    /// Runs the build step; on error prints it and fails the build script.
+    pub fn compile(self) -> Report {
+        match self.try_compile() {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("harl-build: {e}");
+                std::process::exit(1);
+            }
+        }
+    }
+
+    /// Runs the build step and returns a typed error instead of exiting.
+    pub fn try_compile(self) -> Result<Report, BuildError> {
+        let env = BuildEnv::read(&self);
+        let mut report = Report::default();
+        let out_dir = match &self.out_dir {
+            Some(d) => d.clone(),
+            None => std::env::var_os("OUT_DIR")
+                .map(PathBuf::from)
+                .ok_or(BuildError::MissingEnv("OUT_DIR"))?,
+        };
+        let gen_dir = out_dir.join("harl");
+        std::fs::create_dir_all(&gen_dir).map_err(|source| BuildError::Io {
+            path: gen_dir.clone(),
+            source,
+        })?;
+        let warn = |msg: String, report: &mut Report| {
+            if !self.quiet {
+                println!("cargo:warning=harl: {msg}");
+            }
+            report.warnings.push(msg);
+        };
+        if env.mode == TuneMode::On {
+            warn(
+                "HARL_TUNE=on: this harl version has no search yet; kernels use cache records or the default schedule".into(),
+                &mut report,
+            );
+        }
+        if !self.quiet {
+            for var in [
+                "HARL_TUNE",
+                "HARL_CACHE_DIR",
+                "HARL_TRIALS",
+                "HARL_SEED",
+                "HARL_STRATEGY",
+            ] {
+                println!("cargo:rerun-if-env-changed={var}");
+            }
+            for p in self.scan.iter().chain(std::iter::once(&env.cache_dir)) {
+                if p.exists() {
+                    println!("cargo:rerun-if-changed={}", p.display());
+                }
+            }
+        }
+        // Kernels declared with the attribute: one file each, named by name and workload key.
+        let mut found = Vec::new();
+        for root in &self.scan {
+            scan::scan_path(root, &mut found)
+                .map_err(|(path, source)| BuildError::Io { path, source })?;
+        }
+        for decl in found {
+            let params: Vec<String> = decl.params.iter().map(|p| p.name.clone()).collect();
+            let (code, source, key) = self.generate(
+                &decl.name,
+                &decl.graph,
+                params,
+                decl.output_name(),
+                &env,
+                &mut |m| warn(m, &mut report),
+            );
+            let path = gen_dir.join(format!("kernel_{}_{key}.rs", decl.name));
+            write_if_changed(&path, &code)?;
+            report.kernels.push(KernelReport {
+                name: decl.name,
+                workload_key: key,
+                source,
+                path,
+            });
+        }
+        // Kernels registered directly: modules of one file.
+        let mut all =
+            String::from("// @generated by harl-build: kernels registered with Builder::kernel.\n");
+        for k in &self.kernels {
+            if !is_ident(&k.name) {
+                return Err(BuildError::InvalidKernel {
+                    name: k.name.clone(),
+                    why: "the name must be a Rust identifier".into(),
+                });
+            }
+            k.graph.validate().map_err(|e| BuildError::InvalidKernel {
+                name: k.name.clone(),
+                why: e.to_string(),
+            })?;
+            let mut params: Vec<String> = Vec::new();
+            for (i, p) in k.graph.inputs.iter().enumerate() {
+                let name = param_name(&p.name, i);
+                let name = if params.contains(&name) {
+                    format!("input{i}")
+                } else {
+                    name
+                };
+                params.push(name);
+            }
+            let (code, source, key) =
+                self.generate(&k.name, &k.graph, params, "out".into(), &env, &mut |m| {
+                    warn(m, &mut report)
+                });
+            all.push_str(&format!(
+                "/// Kernel `{}` ({source}).\n#[allow(warnings, clippy::all, unsafe_code, missing_docs)]\npub mod {} {{\n{code}}}\n",
+                k.name, k.name
+            ));
+            report.kernels.push(KernelReport {
+                name: k.name.clone(),
+                workload_key: key,
+                source,
+                path: gen_dir.join("kernels.rs"),
+            });
+        }
+        write_if_changed(&gen_dir.join("kernels.rs"), &all)?;
+        Ok(report)
+    }
+
+    /// Picks the schedule (cache record or default) and emits the module; never fails: a bad
+    /// record is a warning and the default schedule.
+    fn generate(
+        &self,
+        name: &str,
+        graph: &Graph,
+        params: Vec<String>,
+        output: String,
+        env: &BuildEnv,
+        warn: &mut dyn FnMut(String),
+    ) -> (String, ScheduleSource, String) {
+        let key = graph.workload_key();
+        let mut chosen: Option<(Schedule, ScheduleSource)> = None;
+        if env.mode != TuneMode::Off {
+            let cache = TuningCache::new(&env.cache_dir);
+            let lookup = cache.lookup(&key, &env.target, |r| {
+                lower(graph, &r.schedule)
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            });
+            for w in lookup.warnings {
+                warn(format!(
+                    "kernel `{name}`: ignoring a tuning record ({w}); using the next best"
+                ));
+            }
+            if let Some(r) = lookup.record {
+                let source = match lookup.source {
+                    LookupSource::Exact => ScheduleSource::CacheExact {
+                        latency_s: r.latency_s,
+                    },
+                    _ => ScheduleSource::CacheCompatible {
+                        latency_s: r.latency_s,
+                    },
+                };
+                chosen = Some((r.schedule, source));
+            }
+        }
+        let (schedule, source) =
+            chosen.unwrap_or_else(|| (default_schedule(graph, &env.cpu), ScheduleSource::Default));
+        let program = match lower(graph, &schedule) {
+            Ok(p) => p,
+            Err(e) => {
+                // The default heuristic should always lower; if it does not, stay correct.
+                warn(format!(
+                    "kernel `{name}`: default schedule rejected ({e}); using a plain loop nest"
+                ));
+                match lower(graph, &Schedule::naive()) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        warn(format!("kernel `{name}` cannot be lowered: {e}"));
+                        return (String::new(), source, key);
+                    }
+                }
+            }
+        };
+        let meta = KernelMeta {
+            name: name.to_string(),
+            params,
+            output,
+            schedule_source: source.to_string(),
+        };
+        (emit_module(&program, &meta), source, key)
+    }
+}
+
+/// What the environment says about this build.
+struct BuildEnv {
+    mode: TuneMode,
+    cache_dir: PathBuf,
+    target: TargetFingerprint,
+    cpu: CpuTarget,
+}
+
+impl BuildEnv {
+    fn read(b: &Builder) -> BuildEnv {
+        let env_mode = std::env::var("HARL_TUNE")
+            .ok()
+            .and_then(|v| TuneMode::parse(&v));
+        let mut mode = env_mode.or(b.mode).unwrap_or(TuneMode::Cache);
+        let host = std::env::var("HOST").ok();
+        let target = std::env::var("TARGET").ok();
+        let cross = matches!((&host, &target), (Some(h), Some(t)) if h != t);
+        if std::env::var_os("DOCS_RS").is_some() {
+            mode = TuneMode::Off;
+        }
+        if cross && mode == TuneMode::On {
+            mode = TuneMode::Cache;
+        }
+        let cache_dir = std::env::var_os("HARL_CACHE_DIR")
+            .map(PathBuf::from)
+            .or_else(|| b.cache_dir.clone())
+            .unwrap_or_else(|| {
+                std::env::var_os("CARGO_MANIFEST_DIR")
+                    .map_or_else(|| PathBuf::from("."), PathBuf::from)
+                    .join("tuning-cache")
+            });
+        let (fingerprint, cpu) = match (&target, cross) {
+            (Some(t), true) => (
+                TargetFingerprint::for_target_triple(t),
+                CpuTarget::portable(),
+            ),
+            _ if mode == TuneMode::Off && std::env::var_os("DOCS_RS").is_some() => {
+                (TargetFingerprint::host(), CpuTarget::portable())
+            }
+            _ => (TargetFingerprint::host(), CpuTarget::host()),
+        };
+        BuildEnv {
+            mode,
+            cache_dir,
+            target: fingerprint,
+            cpu,
+        }
+    }
+}
+
+fn write_if_changed(path: &Path, content: &str) -> Result<(), BuildError> {
+    if std::fs::read_to_string(path).is_ok_and(|old| old == content) {
+        return Ok(());
+    }
+    std::fs::write(path, content).map_err(|source| BuildError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+fn is_ident(s: &str) -> bool {
+    let mut chars = s.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && syn::parse_str::<syn::Ident>(s).is_ok()
+}
+
+fn param_name(name: &str, i: usize) -> String {
+    if is_ident(name) && name != "out" {
+        name.to_string()
+    } else {
+        format!("input{i}")
+    }
+}
