@@ -315,7 +315,7 @@ impl Cx<'_> {
                         self.line(&format!("*{ptr} = {v};"));
                     }
                     Some(op) => {
-                        let v = self.combine(*op, "*__p", value, dtype);
+                        let v = self.combine(*op, "(*__p)", value, dtype);
                         self.line(&format!("{{ let __p = {ptr}; *__p = {v}; }}"));
                     }
                 }
@@ -327,7 +327,7 @@ impl Cx<'_> {
             Stmt::AccUpdate { index, op, value } => {
                 let dtype = self.p.graph.stages[self.stage].dtype;
                 let i = self.idx(index);
-                let v = self.combine(*op, "*__a", value, dtype);
+                let v = self.combine(*op, "(*__a)", value, dtype);
                 self.line(&format!(
                     "{{ let __a = acc.get_unchecked_mut(({i}) as usize); *__a = {v}; }}"
                 ));
@@ -346,7 +346,7 @@ impl Cx<'_> {
                 let a = format!("*acc.get_unchecked(({i}) as usize)");
                 let v = match combine {
                     None => a,
-                    Some(op) => combine_str(*op, "*__p", &a),
+                    Some(op) => combine_str(*op, "(*__p)", &a),
                 };
                 self.line(&format!("{{ let __p = {ptr}; *__p = {v}; }}"));
             }

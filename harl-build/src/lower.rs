@@ -167,8 +167,14 @@ impl Lowering {
             .stages
             .get(s)
             .ok_or_else(|| format!("stage {s} does not exist"))?;
-        if st.attach == Attach::Inline {
-            return Err(format!("stage {s} is inlined and has no loops"));
+        match st.attach {
+            Attach::Root => {}
+            Attach::Inline => return Err(format!("stage {s} is inlined and has no loops")),
+            Attach::At { .. } => {
+                return Err(format!(
+                    "stage {s} runs inside its target's loops and has none of its own"
+                ))
+            }
         }
         if at >= st.loops.len() {
             return Err(format!(
@@ -225,6 +231,14 @@ impl Lowering {
                 }
                 if self.stages[c].attach != Attach::Root {
                     return Err(format!("stage {c} is already attached or inlined"));
+                }
+                if self.stages[c].loops.len() != self.graph.stages[c].n_spatial()
+                    || self.stages[c]
+                        .loops
+                        .iter()
+                        .any(|l| l.parts.len() != 1 || l.kind != LoopKind::Serial)
+                {
+                    return Err(format!("attach stage {c} before scheduling its own loops"));
                 }
                 if self.stages[*target].attach != Attach::Root {
                     return Err(format!("target stage {target} is not at the root"));
@@ -418,6 +432,11 @@ impl Lowering {
                 return err(why);
             }
             let tst = &self.stages[target];
+            if tst.cache_write.is_some_and(|p| at > p) {
+                return err(format!(
+                    "loop {at} of stage {target} is inside its accumulator block; attach at or outside it"
+                ));
+            }
             if tst.loops[..=at].iter().any(|l| l.reduce) {
                 return err(format!(
                     "loop {at} of stage {target} is inside a reduce loop"

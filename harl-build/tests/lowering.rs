@@ -110,3 +110,71 @@ proptest! {
         check(&g, &s, seed);
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, .. ProptestConfig::default() })]
+    #[test]
+    fn random_legal_conv2d_schedules_match(seed in any::<u64>(), stride in 1usize..3, pad in 0usize..2, depthwise in any::<bool>()) {
+        let (c, f, groups) = if depthwise { (4, 4, 4) } else { (3, 4, 1) };
+        let g = harl_te::ops::workloads::conv2d(1, c, 6, 5, f, 3, 3, stride, pad, 1, groups).expect("conv2d");
+        let s = random_schedule(&g, seed, 24);
+        check(&g, &s, seed);
+    }
+}
+
+#[test]
+fn default_schedules_of_the_op_library_match() {
+    use harl_te::ops::workloads as w;
+    let graphs = [
+        w::conv2d(1, 8, 10, 12, 16, 3, 3, 1, 1, 1, 1).expect("conv2d"),
+        w::conv2d(2, 4, 9, 9, 8, 3, 3, 2, 1, 2, 2).expect("grouped conv2d"),
+        w::depthwise_conv2d(1, 8, 7, 7, 3, 3, 1, 1, 1).expect("depthwise"),
+        w::conv1d(1, 4, 20, 8, 3, 1, 1, 1, 1).expect("conv1d"),
+        w::conv3d(1, 2, 4, 5, 5, 4, 3, 3, 3, 1, 1, 1, 1).expect("conv3d"),
+        w::conv2d_transpose(1, 4, 4, 4, 3, 4, 4, 2, 1, 1).expect("conv2d_transpose"),
+        w::batch_matmul(3, 5, 7, 16).expect("batch_matmul"),
+        w::dense_bias_relu(6, 10, 32).expect("dense"),
+        w::softmax(5, 33).expect("softmax"),
+        w::layer_norm(4, 48).expect("layer_norm"),
+    ];
+    for g in &graphs {
+        for target in [CpuTarget::host(), CpuTarget::portable()] {
+            check(g, &default_schedule(g, &target), 11);
+        }
+    }
+}
+
+#[test]
+fn random_schedules_are_not_trivial() {
+    // The sampler must actually exercise the transforms, or the property tests prove little.
+    let conv = harl_te::ops::workloads::conv2d(1, 3, 6, 5, 4, 3, 3, 1, 1, 1, 1).expect("conv2d");
+    let graphs = [matmul(8, 12, 10, true), conv];
+    let mut kinds = std::collections::BTreeSet::new();
+    let mut total = 0;
+    for seed in 0..40 {
+        let s = random_schedule(&graphs[seed as usize % 2], seed, 24);
+        total += s.steps.len();
+        for st in &s.steps {
+            kinds.insert(
+                format!("{st:?}")
+                    .split([' ', '{'])
+                    .next()
+                    .unwrap_or("")
+                    .to_string(),
+            );
+        }
+    }
+    assert!(total >= 40 * 4, "only {total} steps in 40 schedules");
+    for k in [
+        "Split",
+        "Reorder",
+        "Fuse",
+        "CacheWrite",
+        "Parallel",
+        "Unroll",
+        "ComputeAt",
+        "ComputeInline",
+    ] {
+        assert!(kinds.contains(k), "no {k} step sampled: {kinds:?}");
+    }
+}

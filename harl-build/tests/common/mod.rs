@@ -59,16 +59,23 @@ pub fn assert_close(got: &[f64], want: &[f64], tol: f64, what: &str) {
     }
 }
 
-/// Grows a schedule step by step, keeping only steps that lower: random but legal by construction.
+/// Grows a schedule step by step, keeping only steps that lower: random but legal by
+/// construction. Structure first (split, reorder, fuse, inline), then attachment and the
+/// accumulator, then annotations, as a sketch would be filled in.
 pub fn random_schedule(graph: &Graph, seed: u64, attempts: usize) -> Schedule {
     let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
     let mut sched = Schedule::default();
     let n = graph.stages.len();
+    let mut try_push = |sched: &mut Schedule, step: Step| {
+        sched.steps.push(step);
+        if lower(graph, sched).is_err() {
+            sched.steps.pop();
+        }
+    };
     for _ in 0..attempts {
         let stage = rng.below(n);
-        let n_loops = 8;
-        let at = rng.below(n_loops);
-        let step = match rng.below(10) {
+        let at = rng.below(8);
+        let step = match rng.below(6) {
             0..=2 => {
                 let k = 1 + rng.below(2);
                 let factors = (0..k).map(|_| 1 + rng.below(9)).collect();
@@ -83,25 +90,48 @@ pub fn random_schedule(graph: &Graph, seed: u64, attempts: usize) -> Schedule {
                 Step::Reorder { stage, order }
             }
             4 => Step::Fuse { stage, at },
-            5 => Step::CacheWrite { stage, at },
-            6 => Step::Parallel { stage, at: 0 },
-            7 => Step::Unroll { stage, at },
-            8 => Step::Vectorize { stage, at },
-            _ => {
-                if rng.below(2) == 0 {
-                    Step::ComputeInline { stage }
-                } else {
-                    Step::ComputeAt {
-                        stage,
-                        target: rng.below(n),
-                        at,
-                    }
-                }
+            _ => Step::ComputeInline { stage },
+        };
+        try_push(&mut sched, step);
+    }
+    for _ in 0..attempts / 2 {
+        let step = if rng.below(2) == 0 {
+            // Consumers attach to earlier stages, near the outside of their nest.
+            let stage = 1 + rng.below(n.max(2) - 1);
+            Step::ComputeAt {
+                stage: stage.min(n - 1),
+                target: rng.below(stage),
+                at: rng.below(3),
+            }
+        } else {
+            Step::CacheWrite {
+                stage: rng.below(n),
+                at: rng.below(8),
             }
         };
-        sched.steps.push(step);
-        if lower(graph, &sched).is_err() {
-            sched.steps.pop();
+        try_push(&mut sched, step);
+    }
+    for stage in 0..n {
+        if rng.below(2) == 0 {
+            try_push(&mut sched, Step::Parallel { stage, at: 0 });
+        }
+        if rng.below(2) == 0 {
+            try_push(
+                &mut sched,
+                Step::Unroll {
+                    stage,
+                    at: rng.below(8),
+                },
+            );
+        }
+        if rng.below(2) == 0 {
+            try_push(
+                &mut sched,
+                Step::Vectorize {
+                    stage,
+                    at: rng.below(8),
+                },
+            );
         }
     }
     sched
