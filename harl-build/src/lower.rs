@@ -193,6 +193,7 @@ impl Lowering {
                 self.split(*stage, *at, factors)
             }
             Step::Reorder { stage, order } => {
+                self.check_loop(*stage, 0)?;
                 let st = self.stage_mut(*stage)?;
                 let n = st.loops.len();
                 let mut seen = vec![false; n];
@@ -211,6 +212,11 @@ impl Lowering {
             }
             Step::Fuse { stage, at } => {
                 self.check_loop(*stage, *at + 1)?;
+                if self.stages[*stage].loops[*at].kind != LoopKind::Serial
+                    || self.stages[*stage].loops[*at + 1].kind != LoopKind::Serial
+                {
+                    return Err("cannot fuse an annotated loop".into());
+                }
                 let st = self.stage_mut(*stage)?;
                 if st.loops[*at].reduce != st.loops[*at + 1].reduce {
                     return Err("cannot fuse a spatial loop with a reduce loop".into());
