@@ -1,0 +1,397 @@
+//! End to end, as a new user would do it: a fresh crate in a temporary directory depends on
+//! `harl` and `harl-build`, declares kernels with `#[harl::kernel]`, runs harl's build step from
+//! `build.rs`, and checks the kernels against naive loops at run time.
+//!
+//! Every case runs `cargo run` on its own crate; they share `CARGO_TARGET_DIR=target/e2e` so that
+//! the dependencies (harl, syn, rayon, ...) are compiled once and reused across cases and runs.
+//!
+//! Cases:
+//! - no tuning cache: both kernels use the default schedule;
+//! - a broken tuning cache (a corrupt line, a future-version record, a record whose schedule
+//!   does not lower): the build warns about each line and still succeeds with the default
+//!   schedule;
+//! - a valid tuning record: the kernel is built with that schedule.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use harl_build::cache::{Record, TuningCache};
+use harl_build::lower::lower;
+use harl_build::schedule::{Schedule, Step};
+use harl_build::target::TargetFingerprint;
+use harl_te::Graph;
+
+/// The downstream crate's `src/main.rs`: two kernels, checked against naive loops.
+const MAIN_RS: &str = r#"//! A harl user's program: two kernels, checked against naive loops.
+
+/// A dense layer written in the compute DSL, with a bias + relu epilogue.
+#[harl::kernel(M = 24, K = 40, N = 36)]
+fn dense(a: Tensor<f32, M, K>, w: Tensor<f32, K, N>, bias: Tensor<f32, N>) -> Tensor<f32, M, N> {
+    let mm = compute([M, N], |i, j| sum(K, |k| a[[i, k]] * w[[k, j]]));
+    compute([M, N], |i, j| max(mm[[i, j]] + bias[j], 0.0))
+}
+
+/// A strided, padded convolution from the op library (NCHW, output 9 -> 5).
+#[harl::kernel(C = 3, H = 9, W = 9, F = 4)]
+fn conv(x: Tensor<f32, 1, C, H, W>, w: Tensor<f32, F, C, 3, 3>) -> Tensor<f32, 1, F, 5, 5> {
+    conv2d(x, w).stride(2).pad(1)
+}
+
+fn data(n: usize, seed: u32) -> Vec<f32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (s >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+        })
+        .collect()
+}
+
+fn check(name: &str, got: &[f32], want: &[f32], terms: usize) -> bool {
+    let tol = 1e-5 * terms as f32;
+    let worst = got
+        .iter()
+        .zip(want)
+        .map(|(g, w)| (g - w).abs() / (1.0 + w.abs()))
+        .fold(0.0f32, f32::max);
+    let ok = got.len() == want.len() && worst <= tol;
+    println!("CHECK {name}: max relative error {worst:.2e} (tolerance {tol:.1e}) {}", if ok { "ok" } else { "MISMATCH" });
+    ok
+}
+
+fn main() {
+    println!("SCHEDULE: {}", dense::SCHEDULE_SOURCE);
+    println!("SCHEDULE conv: {}", conv::SCHEDULE_SOURCE);
+    println!("WORKLOAD_KEY: {}", dense::WORKLOAD_KEY);
+
+    let (m, k, n) = (24, 40, 36);
+    let (a, w, bias) = (data(m * k, 1), data(k * n, 2), data(n, 3));
+    let mut out = vec![f32::NAN; m * n];
+    dense(&a, &w, &bias, &mut out).expect("dense: buffer lengths match");
+    let mut want = vec![0.0f32; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let mut acc = 0.0f32;
+            for kk in 0..k {
+                acc += a[i * k + kk] * w[kk * n + j];
+            }
+            want[i * n + j] = (acc + bias[j]).max(0.0);
+        }
+    }
+    let mut ok = check("dense", &out, &want, k);
+
+    let (c, h, wd, f, oh_n, ow_n) = (3, 9, 9, 4, 5, 5);
+    let (x, wt) = (data(c * h * wd, 4), data(f * c * 9, 5));
+    let mut y = vec![f32::NAN; f * oh_n * ow_n];
+    conv(&x, &wt, &mut y).expect("conv: buffer lengths match");
+    let mut want = vec![0.0f32; f * oh_n * ow_n];
+    for ff in 0..f {
+        for oh in 0..oh_n {
+            for ow in 0..ow_n {
+                let mut acc = 0.0f32;
+                for cc in 0..c {
+                    for r in 0..3 {
+                        for s in 0..3 {
+                            let ih = (2 * oh + r) as isize - 1;
+                            let iw = (2 * ow + s) as isize - 1;
+                            if ih >= 0 && iw >= 0 && (ih as usize) < h && (iw as usize) < wd {
+                                acc += x[(cc * h + ih as usize) * wd + iw as usize]
+                                    * wt[((ff * c + cc) * 3 + r) * 3 + s];
+                            }
+                        }
+                    }
+                }
+                want[(ff * oh_n + oh) * ow_n + ow] = acc;
+            }
+        }
+    }
+    ok &= check("conv", &y, &want, c * 9);
+
+    // A wrong length is a typed error, not a panic.
+    match dense(&a[1..], &w, &bias, &mut out) {
+        Err(e) => println!("SHORT INPUT: {e}"),
+        Ok(()) => {
+            println!("SHORT INPUT: accepted");
+            ok = false;
+        }
+    }
+
+    if !ok {
+        eprintln!("e2e: a kernel did not match the reference");
+        std::process::exit(1);
+    }
+    println!("E2E OK");
+}
+"#;
+
+const BUILD_RS: &str = r#"fn main() {
+    harl_build::Builder::new().scan_crate().compile();
+}
+"#;
+
+fn workspace() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Writes a fresh downstream crate named `package` into a new temporary directory.
+fn new_crate(package: &str) -> tempfile::TempDir {
+    let dir = tempfile::Builder::new()
+        .prefix("harl-e2e-")
+        .tempdir()
+        .expect("create a temporary directory");
+    let ws = workspace();
+    let manifest = format!(
+        r#"[package]
+name = "{package}"
+version = "0.1.0"
+edition = "2021"
+publish = false
+
+[dependencies]
+harl = {{ path = '{}' }}
+
+[build-dependencies]
+harl-build = {{ path = '{}' }}
+
+# Standalone, as a user's crate would be.
+[workspace]
+"#,
+        ws.display(),
+        ws.join("harl-build").display()
+    );
+    std::fs::write(dir.path().join("Cargo.toml"), manifest).unwrap();
+    std::fs::write(dir.path().join("build.rs"), BUILD_RS).unwrap();
+    std::fs::create_dir(dir.path().join("src")).unwrap();
+    std::fs::write(dir.path().join("src/main.rs"), MAIN_RS).unwrap();
+    // Resolve to the versions the workspace already uses (and already compiled under
+    // target/e2e): no registry round trip and the same dependency artifacts across cases.
+    let lock = ws.join("Cargo.lock");
+    if lock.exists() {
+        std::fs::copy(&lock, dir.path().join("Cargo.lock")).unwrap();
+    }
+    dir
+}
+
+/// `cargo run` in `dir`, with `HARL_CACHE_DIR` set to `cache` (or unset) and the other HARL_*
+/// variables cleared so that the outer environment cannot change the outcome.
+fn cargo_run(dir: &Path, cache: Option<&Path>) -> Output {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(dir)
+        .args(["run", "--color", "never"])
+        .env("CARGO_TARGET_DIR", workspace().join("target").join("e2e"))
+        .env("CARGO_TERM_COLOR", "never");
+    for var in [
+        "HARL_TUNE",
+        "HARL_CACHE_DIR",
+        "HARL_TRIALS",
+        "HARL_SEED",
+        "HARL_STRATEGY",
+    ] {
+        cmd.env_remove(var);
+    }
+    if let Some(cache) = cache {
+        cmd.env("HARL_CACHE_DIR", cache);
+    }
+    cmd.output().expect("run cargo")
+}
+
+struct Run {
+    success: bool,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    fn of(out: Output) -> Run {
+        Run {
+            success: out.status.success(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+
+    fn context(&self) -> String {
+        format!(
+            "--- stdout ---\n{}\n--- stderr ---\n{}",
+            self.stdout, self.stderr
+        )
+    }
+
+    /// The text after `prefix` on the first stdout line that starts with it.
+    fn line(&self, prefix: &str) -> &str {
+        self.stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(prefix))
+            .unwrap_or_else(|| panic!("no `{prefix}` line in the output\n{}", self.context()))
+            .trim()
+    }
+
+    /// The `warning:` lines cargo printed that come from harl's build step.
+    fn harl_warnings(&self) -> Vec<&str> {
+        self.stderr
+            .lines()
+            .filter(|l| l.starts_with("warning:") && l.contains("harl"))
+            .collect()
+    }
+
+    /// Both kernels matched their naive loops and the program exited 0.
+    fn assert_kernels_correct(&self) {
+        assert!(self.success, "the program failed\n{}", self.context());
+        for name in ["dense", "conv"] {
+            let check = self.line(&format!("CHECK {name}:"));
+            assert!(check.ends_with(" ok"), "{name}: {check}\n{}", self.context());
+        }
+        let short = self.line("SHORT INPUT:");
+        assert!(
+            short.contains("kernel `dense`") && short.contains("argument `a`"),
+            "unexpected length error: {short}"
+        );
+        assert!(self.stdout.contains("E2E OK"), "{}", self.context());
+    }
+}
+
+/// The te graph and workload key of kernel `name` in `MAIN_RS`, parsed by the same DSL parser
+/// the build script and the macro use.
+fn kernel_graph(name: &str) -> (Graph, String) {
+    let mut decls = Vec::new();
+    harl_build::scan::scan_source(MAIN_RS, &mut decls);
+    let decl = decls
+        .into_iter()
+        .find(|d| d.name == name)
+        .unwrap_or_else(|| panic!("kernel `{name}` not found in MAIN_RS"));
+    let key = decl.graph.workload_key();
+    (decl.graph, key)
+}
+
+/// A cache record for `dense` on this machine with `schedule`, as the line
+/// `TuningCache::append` writes, plus the path of the file it belongs in.
+fn record_line(cache_dir: &Path, key: &str, schedule: Schedule) -> (PathBuf, String) {
+    let scratch = tempfile::tempdir().unwrap();
+    let cache = TuningCache::new(scratch.path());
+    let record = Record::new(key, "e2e dense", TargetFingerprint::host(), schedule, 1e-4, 16);
+    let path = cache.append(&record).expect("append a record");
+    let line = std::fs::read_to_string(&path).unwrap().trim().to_string();
+    let file_name = path.file_name().unwrap().to_owned();
+    (cache_dir.join(file_name), line)
+}
+
+#[test]
+fn fresh_crate_builds_and_runs_with_default_schedules() {
+    let krate = new_crate("harl-e2e-fresh");
+    let run = Run::of(cargo_run(krate.path(), None));
+    run.assert_kernels_correct();
+    assert_eq!(run.line("SCHEDULE:"), "default schedule", "{}", run.context());
+    assert_eq!(run.line("SCHEDULE conv:"), "default schedule");
+    let (_, key) = kernel_graph("dense");
+    assert_eq!(run.line("WORKLOAD_KEY:"), key, "the build saw another graph than the test");
+    assert!(
+        run.harl_warnings().is_empty(),
+        "unexpected warnings:\n{}",
+        run.harl_warnings().join("\n")
+    );
+}
+
+#[test]
+fn broken_cache_records_warn_and_fall_back_to_the_default_schedule() {
+    let krate = new_crate("harl-e2e-badcache");
+    let cache_dir = krate.path().join("bad-cache");
+    std::fs::create_dir(&cache_dir).unwrap();
+    let (graph, key) = kernel_graph("dense");
+
+    // (c) The right workload key, but a split of a loop that does not exist.
+    let bad_split = Schedule {
+        steps: vec![Step::Split {
+            stage: 0,
+            at: 99,
+            factors: vec![2],
+        }],
+    };
+    assert!(lower(&graph, &bad_split).is_err(), "the bad schedule lowers");
+    let (file, invalid) = record_line(&cache_dir, &key, bad_split);
+    assert!(invalid.contains(r#"{"step":"split","stage":0,"at":99,"factors":[2]}"#), "{invalid}");
+
+    // (b) A record from a future harl: same key and a valid schedule, another version.
+    let (_, valid) = record_line(&cache_dir, &key, Schedule::naive());
+    assert!(valid.starts_with(r#"{"version":1,"#), "{valid}");
+    let future = valid.replacen(r#""version":1,"#, r#""version":2,"#, 1);
+
+    // (a) A corrupt line: a record cut off mid-way.
+    let corrupt = &valid[..valid.len() / 2];
+
+    std::fs::write(&file, format!("{corrupt}\n{future}\n{invalid}\n")).unwrap();
+
+    let run = Run::of(cargo_run(krate.path(), Some(&cache_dir)));
+    run.assert_kernels_correct();
+    assert_eq!(run.line("SCHEDULE:"), "default schedule", "{}", run.context());
+    assert_eq!(run.line("SCHEDULE conv:"), "default schedule");
+
+    let warnings = run.harl_warnings();
+    let file = file.display().to_string();
+    for (line, reason) in [
+        (1, "invalid JSON"),
+        (2, "unknown record version 2"),
+        (3, "record rejected"),
+    ] {
+        let at = format!("{file}:{line}: {reason}");
+        assert!(
+            warnings
+                .iter()
+                .any(|w| w.contains(&at) && w.contains("kernel `dense`")),
+            "no warning for line {line} ({reason})\n{}",
+            run.context()
+        );
+    }
+    assert_eq!(warnings.len(), 3, "{}", warnings.join("\n"));
+}
+
+#[test]
+fn valid_cache_record_is_used() {
+    let krate = new_crate("harl-e2e-cached");
+    let cache_dir = krate.path().join("tuning-cache");
+    std::fs::create_dir(&cache_dir).unwrap();
+    let (graph, key) = kernel_graph("dense");
+
+    // Tile the output columns by 4, keep the reduction inside, fuse the bias + relu epilogue
+    // into the tile and run the rows on the thread pool.
+    let schedule = Schedule {
+        steps: vec![
+            Step::Split {
+                stage: 0,
+                at: 1,
+                factors: vec![4],
+            },
+            Step::Reorder {
+                stage: 0,
+                order: vec![0, 1, 3, 2],
+            },
+            Step::ComputeAt {
+                stage: 1,
+                target: 0,
+                at: 1,
+            },
+            Step::Parallel { stage: 0, at: 0 },
+        ],
+    };
+    if let Err(e) = lower(&graph, &schedule) {
+        panic!("the hand-written schedule does not lower: {e}");
+    }
+    let (file, line) = record_line(&cache_dir, &key, schedule);
+    std::fs::write(&file, format!("{line}\n")).unwrap();
+
+    // Through HARL_CACHE_DIR, pointing at the crate's default location anyway.
+    let run = Run::of(cargo_run(krate.path(), Some(&cache_dir)));
+    run.assert_kernels_correct();
+    let source = run.line("SCHEDULE:");
+    assert!(
+        source.starts_with("tuning cache") && source.contains("1.000e-4"),
+        "dense did not use the cache record: `{source}`\n{}",
+        run.context()
+    );
+    assert_eq!(run.line("SCHEDULE conv:"), "default schedule");
+    assert!(
+        run.harl_warnings().is_empty(),
+        "unexpected warnings:\n{}",
+        run.harl_warnings().join("\n")
+    );
+}
