@@ -1,1 +1,140 @@
-fn main() {}
+//! `harl-bench`: harl's generated kernels against peer libraries, in one run.
+//!
+//! ```text
+//! harl-bench [spine] [--json PATH]   harl vs the gemm crate and matrixmultiply (the default)
+//! harl-bench help                    this text
+//! ```
+//!
+//! The kernels are registered in `build.rs` and built from the workspace's `tuning-cache/`
+//! (default schedules where it has no record).
+
+mod peers;
+mod report;
+mod spine;
+mod timing;
+mod workload;
+
+use std::process::ExitCode;
+
+harl::include_kernels!();
+
+/// Any error of a subcommand; printed by `main`, which then exits non-zero.
+pub type Error = Box<dyn std::error::Error + Send + Sync>;
+
+const USAGE: &str = "\
+usage: harl-bench [spine] [--json PATH]
+  spine        harl's kernels vs the gemm crate and matrixmultiply, 1 thread and all cores
+               (the default command)
+  --json PATH  also write the result table as JSON to PATH
+  help         print this text";
+
+/// A parsed command line.
+#[derive(Debug)]
+enum Command {
+    /// `spine [--json PATH]`.
+    Spine(spine::Options),
+    /// The hidden matrixmultiply timing worker (see [`spine::WORKER_COMMAND`]).
+    MatrixMultiplyWorker { workload: String, threads: usize },
+    /// `help`, `-h`, `--help`.
+    Help,
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match parse(&args).and_then(run) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("harl-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs a parsed command.
+fn run(command: Command) -> Result<(), Error> {
+    match command {
+        Command::Spine(options) => spine::run(&options),
+        Command::MatrixMultiplyWorker { workload, threads } => {
+            spine::matrixmultiply_worker(&workload, threads)
+        }
+        Command::Help => {
+            println!("{USAGE}");
+            Ok(())
+        }
+    }
+}
+
+/// Parses the arguments after the program name; options alone mean `spine`.
+fn parse(args: &[String]) -> Result<Command, Error> {
+    let Some(first) = args.first() else {
+        return Ok(Command::Spine(spine::Options::default()));
+    };
+    match first.as_str() {
+        "spine" => parse_spine(&args[1..]).map(Command::Spine),
+        "help" | "-h" | "--help" => Ok(Command::Help),
+        spine::WORKER_COMMAND => match &args[1..] {
+            [workload, threads] => Ok(Command::MatrixMultiplyWorker {
+                workload: workload.clone(),
+                threads: threads.parse()?,
+            }),
+            _ => Err(format!(
+                "usage: harl-bench {} WORKLOAD THREADS",
+                spine::WORKER_COMMAND
+            )
+            .into()),
+        },
+        option if option.starts_with('-') => parse_spine(args).map(Command::Spine),
+        other => Err(format!("unknown command `{other}`\n{USAGE}").into()),
+    }
+}
+
+/// Parses the options of `spine`.
+fn parse_spine(args: &[String]) -> Result<spine::Options, Error> {
+    let mut options = spine::Options::default();
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        if let Some(path) = arg.strip_prefix("--json=") {
+            options.json = Some(path.into());
+        } else if arg == "--json" {
+            let path = args.next().ok_or("--json needs a PATH")?;
+            options.json = Some(path.into());
+        } else {
+            return Err(format!("spine: unknown argument `{arg}`\n{USAGE}").into());
+        }
+    }
+    Ok(options)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(s: &[&str]) -> Vec<String> {
+        s.iter().map(|a| a.to_string()).collect()
+    }
+
+    #[test]
+    fn no_arguments_mean_spine() {
+        assert!(matches!(parse(&[]), Ok(Command::Spine(o)) if o.json.is_none()));
+    }
+
+    #[test]
+    fn json_path_in_both_forms() {
+        for a in [
+            args(&["spine", "--json", "t.json"]),
+            args(&["--json=t.json"]),
+        ] {
+            match parse(&a) {
+                Ok(Command::Spine(o)) => assert_eq!(o.json.as_deref(), Some("t.json".as_ref())),
+                other => panic!("{a:?} parsed as {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn bad_arguments_are_errors() {
+        assert!(parse(&args(&["tun"])).is_err());
+        assert!(parse(&args(&["spine", "--json"])).is_err());
+        assert!(parse(&args(&["spine", "--fast"])).is_err());
+    }
+}

@@ -1,10 +1,8 @@
 //! The `build.rs` entry point: find kernels, pick schedules, write generated Rust to `OUT_DIR`.
 //!
 //! ```no_run
-//! // build.rs
-//! fn main() {
-//!     harl_build::Builder::new().scan_crate().compile();
-//! }
+//! // build.rs: fn main() { ... }
+//! harl_build::Builder::new().scan_crate().compile();
 //! ```
 //! Kernels declared with `#[harl::kernel]` are found by scanning the crate's sources; ops can
 //! also be registered directly with [`Builder::kernel`] and included with
@@ -228,6 +226,12 @@ impl Builder {
             }
             report.warnings.push(msg);
         };
+        if env.mode == TuneMode::On && cfg!(debug_assertions) {
+            warn(
+                "harl-build runs unoptimised, so tuning would be slow; add `[profile.dev.build-override] opt-level = 3` (and the same for release) to Cargo.toml".into(),
+                &mut report,
+            );
+        }
         if env.mode == TuneMode::On {
             warn(
                 "HARL_TUNE=on: this harl version has no search yet; kernels use cache records or the default schedule".into(),

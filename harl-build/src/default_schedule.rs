@@ -402,12 +402,12 @@ fn pick_divisor(n: usize, prefs: &[usize]) -> Option<usize> {
     prefs
         .iter()
         .copied()
-        .find(|&d| d >= 1 && d <= n && n % d == 0)
+        .find(|&d| d >= 1 && d <= n && n.is_multiple_of(d))
 }
 
 fn largest_divisor_at_most(n: usize, cap: usize) -> usize {
     (1..=cap.min(n).max(1))
         .rev()
-        .find(|d| n % d == 0)
+        .find(|d| n.is_multiple_of(*d))
         .unwrap_or(1)
 }

@@ -35,6 +35,10 @@ pub enum ScheduleError {
 
 type NodeId = usize;
 
+/// Builds the innermost statement of tile loops from the bound variables and the tile's
+/// (variable, extent) pairs.
+type TileLeaf<'a> = dyn FnMut(&Lowering, &HashMap<NodeId, usize>, &[(usize, usize)]) -> Stmt + 'a;
+
 /// One part of an axis in the split tree: it contributes `var * stride` to the axis value.
 #[derive(Clone, Debug)]
 struct Node {
@@ -688,7 +692,7 @@ impl Lowering {
         pos: usize,
         env: &mut HashMap<NodeId, usize>,
         tile: &mut Vec<(usize, usize)>,
-        leaf: &mut dyn FnMut(&Self, &HashMap<NodeId, usize>, &[(usize, usize)]) -> Stmt,
+        leaf: &mut TileLeaf<'_>,
     ) -> Vec<Stmt> {
         let next = (pos + 1..self.stages[s].loops.len()).find(|&p| !self.stages[s].loops[p].reduce);
         let Some(p) = next else {

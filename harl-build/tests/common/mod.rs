@@ -66,7 +66,7 @@ pub fn random_schedule(graph: &Graph, seed: u64, attempts: usize) -> Schedule {
     let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
     let mut sched = Schedule::default();
     let n = graph.stages.len();
-    let mut try_push = |sched: &mut Schedule, step: Step| {
+    let try_push = |sched: &mut Schedule, step: Step| {
         sched.steps.push(step);
         if lower(graph, sched).is_err() {
             sched.steps.pop();

@@ -1,0 +1,121 @@
+//! The Builder's schedule choice: cache records are validated, bad ones warn and fall back.
+
+use harl_build::cache::{Record, TuningCache};
+use harl_build::schedule::{Schedule, Step};
+use harl_build::target::TargetFingerprint;
+use harl_build::{Builder, ScheduleSource, TuneMode};
+use harl_te::ops::workloads;
+
+fn build(cache: &std::path::Path, out: &std::path::Path, mode: TuneMode) -> harl_build::Report {
+    Builder::new()
+        .quiet()
+        .tune(mode)
+        .cache_dir(cache)
+        .out_dir(out)
+        .kernel("mm", workloads::matmul(16, 8, 32).expect("matmul"))
+        .try_compile()
+        .expect("build step succeeds")
+}
+
+fn record(schedule: Schedule) -> Record {
+    let key = workloads::matmul(16, 8, 32).expect("matmul").workload_key();
+    Record::new(
+        key,
+        "matmul 16x8x32",
+        TargetFingerprint::host(),
+        schedule,
+        1e-5,
+        10,
+    )
+}
+
+#[test]
+fn empty_cache_uses_the_default_schedule() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let r = build(
+        &dir.path().join("cache"),
+        &dir.path().join("out"),
+        TuneMode::Cache,
+    );
+    assert_eq!(r.kernels[0].source, ScheduleSource::Default);
+    assert!(r.warnings.is_empty(), "{:?}", r.warnings);
+    let code = std::fs::read_to_string(dir.path().join("out/harl/kernels.rs")).expect("generated");
+    assert!(code.contains("pub mod mm"));
+    assert!(code.contains("target_feature(enable = \"avx512f"));
+}
+
+#[test]
+fn a_valid_record_is_used_and_off_ignores_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cache = dir.path().join("cache");
+    let steps = vec![
+        Step::Split {
+            stage: 0,
+            at: 1,
+            factors: vec![16],
+        },
+        Step::CacheWrite { stage: 0, at: 1 },
+        Step::Vectorize { stage: 0, at: 3 },
+    ];
+    TuningCache::new(&cache)
+        .append(&record(Schedule { steps }))
+        .expect("append");
+    let r = build(&cache, &dir.path().join("out"), TuneMode::Cache);
+    assert!(
+        matches!(r.kernels[0].source, ScheduleSource::CacheExact { .. }),
+        "{:?}",
+        r.kernels[0].source
+    );
+    let r = build(&cache, &dir.path().join("out2"), TuneMode::Off);
+    assert_eq!(r.kernels[0].source, ScheduleSource::Default);
+}
+
+#[test]
+fn corrupt_future_and_invalid_records_warn_and_fall_back() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cache = dir.path().join("cache");
+    let store = TuningCache::new(&cache);
+    // An invalid schedule: loop 99 does not exist.
+    let bad = record(Schedule {
+        steps: vec![Step::Split {
+            stage: 0,
+            at: 99,
+            factors: vec![2],
+        }],
+    });
+    store.append(&bad).expect("append");
+    let file = store.path_for(&TargetFingerprint::host().isa_class);
+    let mut text = std::fs::read_to_string(&file).expect("read");
+    text.push_str("{ this is not json\n");
+    let future =
+        serde_json::json!({ "version": 99, "workload_key": bad.workload_key, "new_field": 1 });
+    text.push_str(&format!("{future}\n"));
+    std::fs::write(&file, text).expect("write");
+    let r = build(&cache, &dir.path().join("out"), TuneMode::Cache);
+    assert_eq!(r.kernels[0].source, ScheduleSource::Default);
+    let all = r.warnings.join("\n");
+    assert!(
+        all.contains("loop") || all.contains("99"),
+        "invalid schedule not reported: {all}"
+    );
+    assert!(
+        all.contains("version"),
+        "future version not reported: {all}"
+    );
+    assert!(r.warnings.len() >= 3, "{all}");
+    // The generated kernel is the default one and still builds a module.
+    let code = std::fs::read_to_string(dir.path().join("out/harl/kernels.rs")).expect("generated");
+    assert!(code.contains("default schedule"));
+}
+
+#[test]
+fn invalid_registered_kernel_is_a_typed_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let err = Builder::new()
+        .quiet()
+        .out_dir(dir.path())
+        .kernel("not an ident", workloads::matmul(2, 2, 2).expect("matmul"))
+        .try_compile()
+        .expect_err("bad name");
+    assert!(err.to_string().contains("identifier"));
+}
