@@ -51,7 +51,7 @@ pub fn measure<E>(mut call: impl FnMut() -> Result<(), E>) -> Result<Timing, E> 
 fn median(samples: &mut [f64]) -> f64 {
     samples.sort_by(f64::total_cmp);
     let mid = samples.len() / 2;
-    if samples.len() % 2 == 0 {
+    if samples.len().is_multiple_of(2) {
         (samples[mid - 1] + samples[mid]) / 2.0
     } else {
         samples[mid]

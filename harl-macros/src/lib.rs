@@ -36,7 +36,7 @@ pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
     }
 }
 
-const SETUP: &str = "add harl's build step:\n  Cargo.toml:  [build-dependencies] harl-build = \"0.1\"\n  build.rs:    fn main() { harl_build::Builder::new().scan_crate().compile(); }";
+const SETUP: &str = "add:\n  Cargo.toml:  [build-dependencies] harl-build = \"0.1\"\n  build.rs:    fn main() { harl_build::Builder::new().scan_crate().compile(); }";
 
 fn expand(attr: TokenStream2, f: &syn::ItemFn) -> syn::Result<TokenStream2> {
     let decl = harl_te::dsl::parse_kernel(attr, f)?;
@@ -46,7 +46,7 @@ fn expand(attr: TokenStream2, f: &syn::ItemFn) -> syn::Result<TokenStream2> {
     let Some(out_dir) = std::env::var_os("OUT_DIR") else {
         return Err(syn::Error::new(
             name_span,
-            format!("`#[harl::kernel]` needs harl's build step, and this crate has no build script; {SETUP}"),
+            format!("`#[harl::kernel]` needs a build script that runs harl-build, and this crate has none; {SETUP}"),
         ));
     };
     let path = std::path::Path::new(&out_dir).join("harl").join(&file);

@@ -77,17 +77,16 @@ pub fn parse_kernel(attr_args: TokenStream, item: &syn::ItemFn) -> Result<Kernel
     let consts = parse_consts(attr_args)?;
     let sig = &item.sig;
     if let Some(t) = &sig.asyncness {
-        return Err(Error::new(t.span(), "a harl kernel cannot be `async`"));
+        return Err(Error::new_spanned(&t, "a harl kernel cannot be `async`"));
     }
     if let Some(t) = &sig.unsafety {
-        return Err(Error::new(
-            t.span(),
+        return Err(Error::new_spanned(
+            &t,
             "a harl kernel is safe to call; remove `unsafe`",
         ));
     }
     if !sig.generics.params.is_empty() || sig.generics.where_clause.is_some() {
-        return Err(Error::new(
-            sig.generics.span(),
+        return Err(Error::new_spanned(&sig.generics,
             "a harl kernel has static shapes and no generics; bind sizes in the attribute, e.g. `#[harl::kernel(N = 64)]`",
         ));
     }
@@ -95,23 +94,25 @@ pub fn parse_kernel(attr_args: TokenStream, item: &syn::ItemFn) -> Result<Kernel
         consts,
         tensors: HashMap::new(),
         b: GraphBuilder::new(),
+        extents: Vec::new(),
+        out_of_bounds: Default::default(),
     };
     let mut params = Vec::new();
     for input in &sig.inputs {
         let syn::FnArg::Typed(pt) = input else {
-            return Err(Error::new(input.span(), "a harl kernel takes no `self`"));
+            return Err(Error::new_spanned(&input, "a harl kernel takes no `self`"));
         };
         let syn::Pat::Ident(id) = &*pt.pat else {
-            return Err(Error::new(
-                pt.pat.span(),
+            return Err(Error::new_spanned(
+                &pt.pat,
                 "kernel parameters must be plain names",
             ));
         };
         let name = id.ident.to_string();
         let (dtype, shape) = cx.tensor_type(&pt.ty)?;
         if cx.tensors.contains_key(&name) {
-            return Err(Error::new(
-                id.ident.span(),
+            return Err(Error::new_spanned(
+                &id.ident,
                 format!("parameter `{name}` is declared twice"),
             ));
         }
@@ -120,8 +121,8 @@ pub fn parse_kernel(attr_args: TokenStream, item: &syn::ItemFn) -> Result<Kernel
         params.push(Param { name, shape, dtype });
     }
     let syn::ReturnType::Type(_, ret_ty) = &sig.output else {
-        return Err(Error::new(
-            sig.ident.span(),
+        return Err(Error::new_spanned(
+            &sig.ident,
             "a harl kernel returns its output tensor: add `-> Tensor<f32, ...>`",
         ));
     };
@@ -132,27 +133,27 @@ pub fn parse_kernel(attr_args: TokenStream, item: &syn::ItemFn) -> Result<Kernel
         match stmt {
             syn::Stmt::Local(local) => {
                 let syn::Pat::Ident(id) = &local.pat else {
-                    return Err(Error::new(
-                        local.pat.span(),
+                    return Err(Error::new_spanned(
+                        &local.pat,
                         "bind a tensor to a plain name: `let x = ...;`",
                     ));
                 };
                 let Some(init) = &local.init else {
-                    return Err(Error::new(local.span(), "`let` needs a value"));
+                    return Err(Error::new_spanned(&local, "`let` needs a value"));
                 };
                 let t = cx.tensor(&init.expr, &id.ident.to_string())?;
                 cx.tensors.insert(id.ident.to_string(), t);
             }
             syn::Stmt::Expr(e, None) if tail.is_none() => tail = Some(e),
-            other => return Err(Error::new(
-                other.span(),
+            other => return Err(Error::new_spanned(
+                &other,
                 "a kernel body is `let` bindings and one final tensor expression (no `;` after it)",
             )),
         }
     }
     let Some(tail) = tail else {
-        return Err(Error::new(
-            item.block.span(),
+        return Err(Error::new_spanned(
+            &item.block,
             "the kernel body must end with the output tensor expression",
         ));
     };
@@ -169,10 +170,10 @@ pub fn parse_kernel(attr_args: TokenStream, item: &syn::ItemFn) -> Result<Kernel
     }
     let (got_shape, got_dtype) = (cx.b.shape(out), cx.b.dtype(out));
     if got_shape != out_shape || got_dtype != out_dtype {
-        return Err(Error::new(
-            ret_ty.span(),
+        return Err(Error::new_spanned(
+            &ret_ty,
             format!(
-                "the body computes a {} tensor of shape {got_shape:?}, but the signature returns {} {out_shape:?}",
+                "the body computes {} {got_shape:?}, but the signature returns {} {out_shape:?}",
                 got_dtype.rust_name(),
                 out_dtype.rust_name()
             ),
@@ -180,7 +181,7 @@ pub fn parse_kernel(attr_args: TokenStream, item: &syn::ItemFn) -> Result<Kernel
     }
     let graph =
         cx.b.finish()
-            .map_err(|e| Error::new(tail.span(), format!("invalid kernel: {e}")))?;
+            .map_err(|e| Error::new_spanned(&tail, format!("invalid kernel: {e}")))?;
     Ok(KernelDecl {
         name,
         params,
@@ -199,8 +200,8 @@ fn parse_consts(args: TokenStream) -> Result<HashMap<String, usize>> {
     let list = parser.parse2(args)?;
     for nv in list {
         let Some(ident) = nv.path.get_ident() else {
-            return Err(Error::new(
-                nv.path.span(),
+            return Err(Error::new_spanned(
+                &nv.path,
                 "expected a size name such as `N = 64`",
             ));
         };
@@ -210,18 +211,18 @@ fn parse_consts(args: TokenStream) -> Result<HashMap<String, usize>> {
                 ..
             }) => i.base10_parse::<usize>()?,
             other => {
-                return Err(Error::new(
-                    other.span(),
+                return Err(Error::new_spanned(
+                    &other,
                     "a size must be a positive integer literal",
                 ));
             }
         };
         if value == 0 {
-            return Err(Error::new(nv.value.span(), "a size must be at least 1"));
+            return Err(Error::new_spanned(&nv.value, "a size must be at least 1"));
         }
         if consts.insert(ident.to_string(), value).is_some() {
-            return Err(Error::new(
-                ident.span(),
+            return Err(Error::new_spanned(
+                &ident,
                 format!("size `{ident}` is bound twice"),
             ));
         }
@@ -233,6 +234,10 @@ struct Cx {
     consts: HashMap<String, usize>,
     tensors: HashMap<String, TensorRef>,
     b: GraphBuilder,
+    /// Axis extents of the compute being parsed, for bounds checks with a span.
+    extents: Vec<usize>,
+    /// The first access that may leave its tensor, reported if validation agrees.
+    out_of_bounds: std::cell::RefCell<Option<TokenStream>>,
 }
 
 /// Options collected from a builder-style chain: `.stride(2).pad(1)`.
@@ -244,16 +249,17 @@ impl Cx {
     fn tensor_type(&self, ty: &syn::Type) -> Result<(DType, Vec<usize>)> {
         let help = "expected `Tensor<dtype, dims...>`, e.g. `Tensor<f32, 64, N>`";
         let syn::Type::Path(tp) = ty else {
-            return Err(Error::new(ty.span(), help));
+            return Err(Error::new_spanned(&ty, help));
         };
         let Some(seg) = tp.path.segments.last().filter(|s| s.ident == "Tensor") else {
-            return Err(Error::new(ty.span(), help));
+            return Err(Error::new_spanned(&ty, help));
         };
         let syn::PathArguments::AngleBracketed(args) = &seg.arguments else {
-            return Err(Error::new(seg.span(), help));
+            return Err(Error::new_spanned(&seg, help));
         };
         let mut it = args.args.iter();
-        let dtype = match it.next() {
+        let first = it.next();
+        let dtype = match first {
             Some(syn::GenericArgument::Type(syn::Type::Path(p))) => p
                 .path
                 .get_ident()
@@ -261,11 +267,18 @@ impl Cx {
                 .filter(|d| *d != DType::Bool),
             _ => None,
         }
-        .ok_or_else(|| {
-            Error::new(
-                args.span(),
-                "the first argument of `Tensor` is the element type: f32, f64 or i32",
-            )
+        .ok_or_else(|| match first {
+            Some(t) => Error::new_spanned(
+                t,
+                format!(
+                    "unsupported element type `{}`: a Tensor holds f32, f64 or i32",
+                    quote::ToTokens::to_token_stream(t)
+                ),
+            ),
+            None => Error::new_spanned(
+                args,
+                "`Tensor` needs an element type first: f32, f64 or i32",
+            ),
         })?;
         let mut shape = Vec::new();
         for a in it {
@@ -280,8 +293,8 @@ impl Cx {
                     self.const_named(&id, a.span())?
                 }
                 other => {
-                    return Err(Error::new(
-                        other.span(),
+                    return Err(Error::new_spanned(
+                        &other,
                         "a dimension is an integer or a size name",
                     ))
                 }
@@ -289,8 +302,8 @@ impl Cx {
             shape.push(dim);
         }
         if shape.is_empty() {
-            return Err(Error::new(
-                args.span(),
+            return Err(Error::new_spanned(
+                &args,
                 "a tensor needs at least one dimension",
             ));
         }
@@ -312,7 +325,7 @@ impl Cx {
         usize::try_from(v)
             .ok()
             .filter(|&v| v > 0)
-            .ok_or_else(|| Error::new(e.span(), format!("a size must be positive, this is {v}")))
+            .ok_or_else(|| Error::new_spanned(&e, format!("a size must be positive, this is {v}")))
     }
 
     fn size_i(&self, e: &syn::Expr) -> Result<i64> {
@@ -332,7 +345,7 @@ impl Cx {
             syn::Expr::Paren(p) => self.size_i(&p.expr),
             syn::Expr::Block(b) if b.block.stmts.len() == 1 => match &b.block.stmts[0] {
                 syn::Stmt::Expr(e, None) => self.size_i(e),
-                s => Err(Error::new(s.span(), "expected a size")),
+                s => Err(Error::new_spanned(&s, "expected a size")),
             },
             syn::Expr::Binary(bin) => {
                 let (a, b) = (self.size_i(&bin.left)?, self.size_i(&bin.right)?);
@@ -341,11 +354,14 @@ impl Cx {
                     syn::BinOp::Sub(_) => Ok(a - b),
                     syn::BinOp::Mul(_) => Ok(a * b),
                     syn::BinOp::Div(_) if b != 0 => Ok(a / b),
-                    _ => Err(Error::new(bin.op.span(), "sizes combine with + - * / only")),
+                    _ => Err(Error::new_spanned(
+                        &bin.op,
+                        "sizes combine with + - * / only",
+                    )),
                 }
             }
-            other => Err(Error::new(
-                other.span(),
+            other => Err(Error::new_spanned(
+                &other,
                 "expected a size: an integer, a size name, or arithmetic of those",
             )),
         }
@@ -359,10 +375,15 @@ impl Cx {
         if self.b.graph().stages.is_empty() {
             return Ok(());
         }
-        self.b
-            .graph()
-            .validate()
-            .map_err(|e| Error::new(span, e.to_string()))
+        let flagged = self.out_of_bounds.borrow_mut().take();
+        match (self.b.graph().validate(), flagged) {
+            (Ok(()), _) => Ok(()),
+            // Point at the access itself rather than the whole compute.
+            (Err(e @ crate::graph::GraphError::OutOfBounds { .. }), Some(tokens)) => {
+                Err(Error::new_spanned(tokens, e.to_string()))
+            }
+            (Err(e), _) => Err(Error::new(span, e.to_string())),
+        }
     }
 
     /// Evaluates a tensor expression, adding stages; `name` names a new compute stage.
@@ -386,7 +407,7 @@ impl Cx {
                     syn::BinOp::Sub(_) => BinaryOp::Sub,
                     syn::BinOp::Mul(_) => BinaryOp::Mul,
                     syn::BinOp::Div(_) => BinaryOp::Div,
-                    _ => return Err(Error::new(bin.op.span(), "tensors combine with + - * /")),
+                    _ => return Err(Error::new_spanned(&bin.op, "tensors combine with + - * /")),
                 };
                 if let Some(c) = float_lit(&bin.right) {
                     let x = self.tensor(&bin.left, name)?;
@@ -449,8 +470,8 @@ impl Cx {
     ) -> Result<Vec<TensorRef>> {
         let fname = path_name(&call.func);
         if !n.contains(&call.args.len()) {
-            return Err(Error::new(
-                call.span(),
+            return Err(Error::new_spanned(
+                &call,
                 format!(
                     "`{fname}` takes {} tensor arguments, {} given",
                     fmt_range(&n),
@@ -476,8 +497,7 @@ impl Cx {
             "softmax" => &["axis"],
             "dense" | "relu" | "gelu" | "tanh" | "sigmoid" | "exp" => &[],
             other => {
-                return Err(Error::new(
-                    call.func.span(),
+                return Err(Error::new_spanned(&call.func,
                     format!("unknown op `{other}`; tensor ops are compute, matmul, batch_matmul, dense, conv1d, conv2d, conv3d, conv2d_transpose, softmax, layer_norm, relu, gelu, tanh, sigmoid, exp"),
                 ))
             }
@@ -619,13 +639,13 @@ impl Cx {
         let parse = |e: &syn::Expr| -> Result<usize> {
             let v = self.size_i(e)?;
             usize::try_from(v)
-                .map_err(|_| Error::new(e.span(), format!("`{name}` cannot be negative")))
+                .map_err(|_| Error::new_spanned(&e, format!("`{name}` cannot be negative")))
         };
         match arg {
             syn::Expr::Tuple(t) => {
                 if t.elems.len() != N {
-                    return Err(Error::new(
-                        t.span(),
+                    return Err(Error::new_spanned(
+                        &t,
                         format!("`{name}` takes {N} values here"),
                     ));
                 }
@@ -645,13 +665,14 @@ impl Cx {
         let [dims, closure] = [call.args.first(), call.args.get(1)];
         let (Some(dims), Some(syn::Expr::Closure(closure)), 2) = (dims, closure, call.args.len())
         else {
-            return Err(Error::new(call.span(), usage));
+            return Err(Error::new_spanned(&call, usage));
         };
         let shape = self.dims(dims)?;
+        self.extents = shape.clone();
         let names = closure_params(closure)?;
         if names.len() != shape.len() {
-            return Err(Error::new(
-                closure.inputs.span(),
+            return Err(Error::new_spanned(
+                &closure.inputs,
                 format!(
                     "the shape has {} dimensions but the closure names {} axes",
                     shape.len(),
@@ -674,8 +695,8 @@ impl Cx {
             ) {
                 (Some(e), Some(syn::Expr::Closure(c)), 2) => (e, c),
                 _ => {
-                    return Err(Error::new(
-                        red_call.span(),
+                    return Err(Error::new_spanned(
+                        &red_call,
                         "expected `sum(K, |k| expr)` or `sum([R, S], |r, s| expr)`",
                     ))
                 }
@@ -683,19 +704,20 @@ impl Cx {
             let extents = self.dims(ext_e)?;
             let rnames = closure_params(red_closure)?;
             if rnames.len() != extents.len() {
-                return Err(Error::new(
-                    red_closure.inputs.span(),
+                return Err(Error::new_spanned(
+                    &red_closure.inputs,
                     "one reduce axis name per extent",
                 ));
             }
             for (j, n) in rnames.into_iter().enumerate() {
                 axes.insert(n, shape.len() + j);
             }
+            self.extents.extend_from_slice(&extents);
             let body = self.scalar(&red_closure.body, &axes)?;
             let dtype = self.dtype_of(&body);
             if !matches!(dtype, DType::F32 | DType::F64 | DType::I32) {
-                return Err(Error::new(
-                    red_closure.body.span(),
+                return Err(Error::new_spanned(
+                    &red_closure.body,
                     "a reduction sums numbers, not booleans",
                 ));
             }
@@ -704,8 +726,8 @@ impl Cx {
         let body = self.scalar(&closure.body, &axes)?;
         let dtype = self.dtype_of(&body);
         if dtype == DType::Bool {
-            return Err(Error::new(
-                closure.body.span(),
+            return Err(Error::new_spanned(
+                &closure.body,
                 "a tensor element cannot be a boolean; use `select(c, 1.0, 0.0)`",
             ));
         }
@@ -743,13 +765,13 @@ impl Cx {
     }
 
     fn scalar(&self, e: &syn::Expr, axes: &HashMap<String, usize>) -> Result<Expr> {
-        let span = e.span();
+        let node = quote::ToTokens::to_token_stream(e);
         Ok(match e {
             syn::Expr::Lit(l) => match &l.lit {
                 syn::Lit::Float(f) => Expr::Const(f.base10_parse::<f64>()?, DType::F32),
                 syn::Lit::Int(i) => Expr::Const(i.base10_parse::<i64>()? as f64, DType::I32),
                 syn::Lit::Bool(b) => Expr::Const(b.value as i64 as f64, DType::Bool),
-                _ => return Err(Error::new(span, "expected a number")),
+                _ => return Err(Error::new_spanned(&node, "expected a number")),
             },
             syn::Expr::Path(p) => {
                 let id = p
@@ -762,13 +784,13 @@ impl Cx {
                 } else if let Some(&c) = self.consts.get(&id) {
                     Expr::int(c as i64)
                 } else if self.tensors.contains_key(&id) {
-                    return Err(Error::new(
-                        span,
+                    return Err(Error::new_spanned(
+                        &node,
                         format!("`{id}` is a tensor: index it, e.g. `{id}[[i, j]]`"),
                     ));
                 } else {
-                    return Err(Error::new(
-                        span,
+                    return Err(Error::new_spanned(
+                        &node,
                         format!(
                             "unknown name `{id}`: not an axis of this compute, a size, or a tensor"
                         ),
@@ -779,12 +801,12 @@ impl Cx {
             syn::Expr::Group(g) => self.scalar(&g.expr, axes)?,
             syn::Expr::Block(b) if b.block.stmts.len() == 1 => match &b.block.stmts[0] {
                 syn::Stmt::Expr(e, None) => self.scalar(e, axes)?,
-                s => return Err(Error::new(s.span(), "expected an expression")),
+                s => return Err(Error::new_spanned(&s, "expected an expression")),
             },
             syn::Expr::Index(ix) => {
                 let syn::Expr::Path(p) = &*ix.expr else {
-                    return Err(Error::new(
-                        ix.expr.span(),
+                    return Err(Error::new_spanned(
+                        &ix.expr,
                         "index a tensor by name: `t[[i, j]]`",
                     ));
                 };
@@ -796,7 +818,7 @@ impl Cx {
                 let t = *self
                     .tensors
                     .get(&id)
-                    .ok_or_else(|| Error::new(p.span(), format!("unknown tensor `{id}`")))?;
+                    .ok_or_else(|| Error::new_spanned(&p, format!("unknown tensor `{id}`")))?;
                 let idx: Vec<Expr> = match &*ix.index {
                     syn::Expr::Array(a) => a
                         .elems
@@ -807,10 +829,18 @@ impl Cx {
                 };
                 let rank = self.b.shape(t).len();
                 if idx.len() != rank {
-                    return Err(Error::new(
-                        ix.index.span(),
+                    return Err(Error::new_spanned(
+                        &ix.index,
                         format!("`{id}` has {rank} dimensions, indexed with {}", idx.len()),
                     ));
+                }
+                let shape = self.b.shape(t);
+                let leaves = idx.iter().zip(&shape).any(|(i, &n)| {
+                    let (lo, hi) = crate::graph::interval(i, &self.extents);
+                    lo < 0 || hi >= n as i64
+                });
+                if leaves && self.out_of_bounds.borrow().is_none() {
+                    *self.out_of_bounds.borrow_mut() = Some(quote::ToTokens::to_token_stream(ix));
                 }
                 Expr::Load(t, idx)
             }
@@ -836,13 +866,13 @@ impl Cx {
                     B::Gt(_) => cmp(CmpOp::Gt),
                     B::Ge(_) => cmp(CmpOp::Ge),
                     _ => {
-                        return Err(Error::new(
-                            bin.op.span(),
+                        return Err(Error::new_spanned(
+                            &bin.op,
                             "unsupported operator in a kernel",
                         ))
                     }
                 }?;
-                self.typecheck(&r, span)?;
+                self.typecheck(&r, &node)?;
                 r
             }
             syn::Expr::Unary(u) => {
@@ -853,7 +883,7 @@ impl Cx {
                         x => -x,
                     },
                     syn::UnOp::Not(_) => x.unary(UnaryOp::Not),
-                    _ => return Err(Error::new(span, "unsupported unary operator")),
+                    _ => return Err(Error::new_spanned(&node, "unsupported unary operator")),
                 }
             }
             syn::Expr::Cast(c) => {
@@ -866,19 +896,22 @@ impl Cx {
                     _ => None,
                 }
                 .filter(|d| *d != DType::Bool)
-                .ok_or_else(|| Error::new(c.ty.span(), "cast to f32, f64 or i32"))?;
+                .ok_or_else(|| Error::new_spanned(&c.ty, "cast to f32, f64 or i32"))?;
                 x.cast(d)
             }
             syn::Expr::If(i) => {
                 let c = self.scalar(&i.cond, axes)?;
                 let a = self.block_expr(&i.then_branch, axes)?;
                 let Some((_, else_e)) = &i.else_branch else {
-                    return Err(Error::new(span, "`if` in a kernel needs an `else`"));
+                    return Err(Error::new_spanned(
+                        &node,
+                        "`if` in a kernel needs an `else`",
+                    ));
                 };
                 let b = self.scalar(else_e, axes)?;
                 let (a, b) = self.unify(a, b);
                 let r = Expr::select(c, a, b);
-                self.typecheck(&r, span)?;
+                self.typecheck(&r, &node)?;
                 r
             }
             syn::Expr::Call(call) => {
@@ -888,31 +921,36 @@ impl Cx {
                     .iter()
                     .map(|a| self.scalar(a, axes))
                     .collect::<Result<_>>()?;
-                self.function(&f, args, span, call.func.span())?
+                self.function(&f, args, &node, call.func.span())?
             }
             syn::Expr::MethodCall(m) => {
                 let mut args = vec![self.scalar(&m.receiver, axes)?];
                 for a in &m.args {
                     args.push(self.scalar(a, axes)?);
                 }
-                self.function(&m.method.to_string(), args, span, m.method.span())?
+                self.function(&m.method.to_string(), args, &node, m.method.span())?
             }
-            _ => return Err(Error::new(span, "unsupported expression in a kernel body")),
+            _ => {
+                return Err(Error::new_spanned(
+                    &node,
+                    "unsupported expression in a kernel body",
+                ))
+            }
         })
     }
 
     fn block_expr(&self, b: &syn::Block, axes: &HashMap<String, usize>) -> Result<Expr> {
         match b.stmts.as_slice() {
             [syn::Stmt::Expr(e, None)] => self.scalar(e, axes),
-            _ => Err(Error::new(b.span(), "expected one expression")),
+            _ => Err(Error::new_spanned(&b, "expected one expression")),
         }
     }
 
     fn index(&self, e: &syn::Expr, axes: &HashMap<String, usize>) -> Result<Expr> {
         let x = self.scalar(e, axes)?;
         if self.dtype_of(&x) != DType::I32 {
-            return Err(Error::new(
-                e.span(),
+            return Err(Error::new_spanned(
+                &e,
                 "an index must be an integer expression of axes and sizes",
             ));
         }
@@ -920,15 +958,15 @@ impl Cx {
     }
 
     /// Rejects ill-typed operations here, where there is a span, rather than at graph validation.
-    fn typecheck(&self, e: &Expr, span: Span) -> Result<()> {
+    fn typecheck(&self, e: &Expr, node: &TokenStream) -> Result<()> {
         let (a, b) = match e {
             Expr::Binary(_, a, b) | Expr::Cmp(_, a, b) | Expr::Select(_, a, b) => (a, b),
             _ => return Ok(()),
         };
         let (ta, tb) = (self.dtype_of(a), self.dtype_of(b));
         if ta != tb {
-            return Err(Error::new(
-                span,
+            return Err(Error::new_spanned(
+                node,
                 format!(
                     "mismatched types {} and {}: convert with `as`",
                     ta.rust_name(),
@@ -938,19 +976,22 @@ impl Cx {
         }
         if let Expr::Select(c, ..) = e {
             if self.dtype_of(c) != DType::Bool {
-                return Err(Error::new(span, "the condition must be a comparison"));
+                return Err(Error::new_spanned(
+                    node,
+                    "the condition must be a comparison",
+                ));
             }
         }
         Ok(())
     }
 
-    fn function(&self, f: &str, args: Vec<Expr>, span: Span, fspan: Span) -> Result<Expr> {
+    fn function(&self, f: &str, args: Vec<Expr>, node: &TokenStream, fspan: Span) -> Result<Expr> {
         let arity = |n: usize| -> Result<()> {
             if args.len() == n {
                 Ok(())
             } else {
-                Err(Error::new(
-                    span,
+                Err(Error::new_spanned(
+                    node,
                     format!("`{f}` takes {n} arguments, {} given", args.len()),
                 ))
             }
@@ -959,8 +1000,8 @@ impl Cx {
             if self.dtype_of(e).is_float() {
                 Ok(())
             } else {
-                Err(Error::new(
-                    span,
+                Err(Error::new_spanned(
+                    node,
                     format!("`{f}` needs a float argument (use `as f32`)"),
                 ))
             }
@@ -972,7 +1013,7 @@ impl Cx {
                 arity(2)?;
                 let (a, b) = self.unify(next(), next());
                 let r = if f == "max" { a.max(b) } else { a.min(b) };
-                self.typecheck(&r, span)?;
+                self.typecheck(&r, &node)?;
                 r
             }
             "exp" | "log" | "ln" | "sqrt" | "tanh" | "erf" => {
@@ -996,7 +1037,7 @@ impl Cx {
                 let c = next();
                 let (a, b) = self.unify(next(), next());
                 let r = Expr::select(c, a, b);
-                self.typecheck(&r, span)?;
+                self.typecheck(&r, &node)?;
                 r
             }
             "sum" | "reduce_max" | "reduce_min" => {
@@ -1032,8 +1073,8 @@ fn split_chain(e: &syn::Expr) -> Result<(&syn::ExprCall, Options)> {
                 return Ok((c, Options(opts)));
             }
             other => {
-                return Err(Error::new(
-                    other.span(),
+                return Err(Error::new_spanned(
+                    &other,
                     "options follow an op call, e.g. `conv2d(x, w).stride(2)`",
                 ))
             }
@@ -1068,9 +1109,15 @@ fn closure_params(c: &syn::ExprClosure) -> Result<Vec<String>> {
             syn::Pat::Ident(i) => Ok(i.ident.to_string()),
             syn::Pat::Type(t) => match &*t.pat {
                 syn::Pat::Ident(i) => Ok(i.ident.to_string()),
-                other => Err(Error::new(other.span(), "axis names are plain identifiers")),
+                other => Err(Error::new_spanned(
+                    &other,
+                    "axis names are plain identifiers",
+                )),
             },
-            other => Err(Error::new(other.span(), "axis names are plain identifiers")),
+            other => Err(Error::new_spanned(
+                &other,
+                "axis names are plain identifiers",
+            )),
         })
         .collect()
 }
