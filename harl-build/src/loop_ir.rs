@@ -104,7 +104,9 @@ pub struct Nest {
 /// A lowered graph: nests run in order.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Program {
-    /// The graph after inlining (stage bodies refer to stage axes).
+    /// The workload key of the graph as declared (before rfactor added stages).
+    pub workload_key: String,
+    /// The graph after inlining and rfactor (stage bodies refer to stage axes).
     pub graph: Graph,
     /// Root nests, in stage order.
     pub nests: Vec<Nest>,

@@ -156,7 +156,9 @@ pub fn lower(graph: &Graph, schedule: &Schedule) -> Result<Program, ScheduleErro
             step: schedule.steps[index].clone(),
             why,
         })?;
-    Ok(lw.emit())
+    let mut program = lw.emit();
+    program.workload_key = graph.workload_key();
+    Ok(program)
 }
 
 impl Lowering {
@@ -233,6 +235,7 @@ impl Lowering {
                 Ok(())
             }
             Step::ComputeInline { stage } => self.inline(*stage),
+            Step::Rfactor { stage, factor } => self.rfactor(*stage, *factor),
             Step::ComputeAt { stage, target, at } => {
                 self.check_loop(*target, *at)?;
                 let c = *stage;
@@ -374,6 +377,82 @@ impl Lowering {
         Ok(())
     }
 
+    fn rfactor(&mut self, s: usize, factor: usize) -> Result<(), String> {
+        let stage = self
+            .graph
+            .stages
+            .get(s)
+            .cloned()
+            .ok_or_else(|| format!("stage {s} does not exist"))?;
+        let Some(red) = stage.reduce.clone() else {
+            return Err("rfactor needs a reduction stage".into());
+        };
+        let extent = red.extents[0];
+        if factor < 2 || factor >= extent || !extent.is_multiple_of(factor) {
+            return Err(format!(
+                "factor {factor} must divide the reduce extent {extent} and be between 2 and it"
+            ));
+        }
+        let untouched = |st: &StageState, g: &harl_te::Stage| {
+            st.attach == Attach::Root
+                && st.cache_write.is_none()
+                && st.loops.len() == g.axis_extents().len()
+                && st
+                    .loops
+                    .iter()
+                    .all(|l| l.parts.len() == 1 && l.kind == LoopKind::Serial)
+        };
+        if (s..self.stages.len()).any(|i| !untouched(&self.stages[i], &self.graph.stages[i]))
+            || self.attached.keys().any(|&(t, _)| t >= s)
+        {
+            return Err("rfactor must come before other steps on this stage and later ones".into());
+        }
+        let n = stage.n_spatial();
+        // Partial stage: spatial axes ++ [rf], reduce over [outer, other reduce axes...].
+        let body = stage.body.map(&mut |e| match e {
+            Expr::Axis(a) if a == n => Expr::Axis(n + 1) * Expr::int(factor as i64) + Expr::Axis(n),
+            Expr::Axis(a) if a > n => Expr::Axis(a + 1),
+            other => other,
+        });
+        let mut shape = stage.shape.clone();
+        shape.push(factor);
+        let mut extents = red.extents.clone();
+        extents[0] = extent / factor;
+        let partial = harl_te::Stage {
+            name: format!("{}_rf", stage.name),
+            shape: shape.clone(),
+            reduce: Some(harl_te::Reduction {
+                op: red.op,
+                extents: extents.clone(),
+            }),
+            body,
+            dtype: stage.dtype,
+        };
+        // Later loads of stage >= s move up by one.
+        for st in &mut self.graph.stages[s..] {
+            st.body = st.body.map(&mut |e| match e {
+                Expr::Load(TensorRef::Stage(t), idx) if t >= s => {
+                    Expr::Load(TensorRef::Stage(t + 1), idx)
+                }
+                other => other,
+            });
+        }
+        let mut idx: Vec<Expr> = (0..n).map(Expr::Axis).collect();
+        idx.push(Expr::Axis(n));
+        let final_stage = &mut self.graph.stages[s];
+        final_stage.reduce = Some(harl_te::Reduction {
+            op: red.op,
+            extents: vec![factor],
+        });
+        final_stage.body = Expr::Load(TensorRef::Stage(s), idx);
+        let mut axes = shape.clone();
+        axes.extend_from_slice(&extents);
+        self.graph.stages.insert(s, partial);
+        self.stages.insert(s, StageState::new(&axes, shape.len()));
+        self.stages[s + 1] = StageState::new(&self.graph.stages[s + 1].axis_extents(), n);
+        Ok(())
+    }
+
     fn inline(&mut self, s: usize) -> Result<(), String> {
         if s + 1 >= self.graph.stages.len() {
             return Err("the output stage cannot be inlined".into());
@@ -492,6 +571,7 @@ impl Lowering {
             .map(|st| st.attach != Attach::Inline)
             .collect();
         Program {
+            workload_key: String::new(),
             graph: self.graph,
             nests,
             var_extents: self.var_extents,

@@ -59,6 +59,17 @@ pub enum Step {
         /// Loop position whose body holds the accumulator.
         at: usize,
     },
+    /// Factors the first reduce axis of a reduction: a new stage, inserted before `stage`,
+    /// computes `factor` partial results along a new innermost spatial axis (so they can be
+    /// vectorised or parallelised), and `stage` then reduces those partials. Stages from `stage`
+    /// on move up one index for the steps that follow. Must come before any other step on
+    /// `stage` or a later stage.
+    Rfactor {
+        /// The reduction stage.
+        stage: usize,
+        /// Number of partial results; must divide the first reduce extent.
+        factor: usize,
+    },
     /// Runs loop `at` on the thread pool; it must be the outermost loop of a root stage.
     Parallel {
         /// Stage index.

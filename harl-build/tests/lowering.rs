@@ -178,3 +178,38 @@ fn random_schedules_are_not_trivial() {
         assert!(kinds.contains(k), "no {k} step sampled: {kinds:?}");
     }
 }
+
+#[test]
+fn rfactor_then_parallel_partials_matches() {
+    let g = harl_te::ops::workloads::softmax(3, 40).expect("softmax");
+    let s = Schedule {
+        steps: vec![
+            Step::Rfactor {
+                stage: 0,
+                factor: 8,
+            },
+            // Stage 0 is now the partial max: [rows, 8] reducing 5; vectorise its rf axis.
+            Step::Reorder {
+                stage: 0,
+                order: vec![0, 2, 1],
+            },
+            Step::Vectorize { stage: 0, at: 2 },
+            Step::Rfactor {
+                stage: 2,
+                factor: 4,
+            },
+            Step::Parallel { stage: 2, at: 0 },
+        ],
+    };
+    check(&g, &s, 9);
+    assert!(lower(
+        &g,
+        &Schedule {
+            steps: vec![Step::Rfactor {
+                stage: 0,
+                factor: 7
+            }]
+        }
+    )
+    .is_err());
+}

@@ -72,6 +72,18 @@ pub fn random_schedule(graph: &Graph, seed: u64, attempts: usize) -> Schedule {
             sched.steps.pop();
         }
     };
+    // Sometimes factor a reduction first (it adds a stage).
+    if rng.below(3) == 0 {
+        let stage = rng.below(n);
+        try_push(
+            &mut sched,
+            Step::Rfactor {
+                stage,
+                factor: 2 + rng.below(3),
+            },
+        );
+    }
+    let n = lower(graph, &sched).map_or(n, |p| p.graph.stages.len());
     for _ in 0..attempts {
         let stage = rng.below(n);
         let at = rng.below(8);
