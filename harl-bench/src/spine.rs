@@ -40,21 +40,24 @@ pub fn run(options: &Options) -> Result<(), Error> {
         .iter()
         .map(|&n| pool(n).map(|p| (n, p)))
         .collect::<Result<Vec<_>, _>>()?;
+    // Every (workload, threads) pair, one thread first.
+    let cases: Vec<(&Workload, usize, &rayon::ThreadPool)> = pools
+        .iter()
+        .flat_map(|(n, p)| workloads.iter().map(move |w| (w, *n, p)))
+        .collect();
 
     println!("verifying against the gemm crate:");
-    let mut checked = Vec::new();
-    for (threads, pool) in &pools {
-        for w in &workloads {
-            checked.push((*w, *threads, verify(w, *threads, pool)?));
-        }
-    }
+    let errors = cases
+        .iter()
+        .map(|&(w, threads, pool)| verify(w, threads, pool))
+        .collect::<Result<Vec<_>, _>>()?;
 
     println!("timing:");
-    let mut rows = Vec::new();
-    for (w, threads, max_rel_err) in checked {
-        let pool = &pools.iter().find(|(n, _)| *n == threads).expect("pool").1;
-        rows.push(time_row(&w, threads, pool, max_rel_err)?);
-    }
+    let rows = cases
+        .iter()
+        .zip(errors)
+        .map(|(&(w, threads, pool), err)| time_row(w, threads, pool, err))
+        .collect::<Result<Vec<_>, _>>()?;
     println!();
     report::print_table(&rows);
     if let Some(path) = &options.json {
@@ -233,4 +236,22 @@ fn matrixmultiply_in_child(name: &str, threads: usize) -> Result<Timing, Error> 
         median_s: median.parse()?,
         runs: runs.parse()?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn check_rejects_a_mismatch_and_nan() {
+        let w = workload::spine()[0];
+        let want = vec![1.0f32; 8];
+        assert!(check(&w, "test", 1, &want, &want).is_ok());
+        let mut got = want.clone();
+        got[3] = 1.5;
+        assert!(check(&w, "test", 1, &got, &want).is_err());
+        got[3] = f32::NAN;
+        assert_eq!(max_rel_err(&got, &want), f64::INFINITY);
+        assert!(check(&w, "test", 1, &got, &want).is_err());
+    }
 }
