@@ -65,10 +65,14 @@ fn detect_host() -> Isa {
 /// controls the threads a kernel uses.
 pub fn parallel_for(n: usize, body: impl Fn(usize) + Sync + Send) {
     use rayon::prelude::*;
-    if n <= 1 || rayon::current_num_threads() <= 1 {
+    let threads = rayon::current_num_threads();
+    if n <= 1 || threads <= 1 {
         (0..n).for_each(body);
     } else {
-        (0..n).into_par_iter().with_max_len(1).for_each(body);
+        // About eight chunks per thread: enough to balance, few enough that tiny iterations
+        // (an elementwise row) are not one task each.
+        let chunk = (n / (threads * 8)).max(1);
+        (0..n).into_par_iter().with_min_len(chunk).for_each(body);
     }
 }
 

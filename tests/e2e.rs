@@ -60,8 +60,8 @@ fn check(name: &str, got: &[f32], want: &[f32], terms: usize) -> bool {
 }
 
 fn main() {
-    println!("SCHEDULE: {}", dense::SCHEDULE_SOURCE);
-    println!("SCHEDULE conv: {}", conv::SCHEDULE_SOURCE);
+    println!("SCHEDULE: {}", dense::schedule_source());
+    println!("SCHEDULE conv: {}", conv::schedule_source());
     println!("WORKLOAD_KEY: {}", dense::WORKLOAD_KEY);
 
     let (m, k, n) = (24, 40, 36);

@@ -75,7 +75,7 @@ pub struct Workload {
     pub shape: Shape,
     /// The harl kernel.
     pub kernel: KernelFn,
-    /// Where the kernel's schedule came from (`SCHEDULE_SOURCE` of its module).
+    /// Where the kernel's schedule came from (`schedule_source()` of its module).
     pub schedule_source: &'static str,
 }
 
@@ -141,7 +141,7 @@ pub fn spine() -> Vec<Workload> {
                 n: 512,
             }),
             kernel: matmul_512::run,
-            schedule_source: matmul_512::SCHEDULE_SOURCE,
+            schedule_source: matmul_512::schedule_source(),
         },
         Workload {
             name: "matmul_1024",
@@ -151,7 +151,7 @@ pub fn spine() -> Vec<Workload> {
                 n: 1024,
             }),
             kernel: matmul_1024::run,
-            schedule_source: matmul_1024::SCHEDULE_SOURCE,
+            schedule_source: matmul_1024::schedule_source(),
         },
         Workload {
             name: "conv2d_56",
@@ -165,7 +165,7 @@ pub fn spine() -> Vec<Workload> {
                 pad: 1,
             }),
             kernel: conv2d_56::run,
-            schedule_source: conv2d_56::SCHEDULE_SOURCE,
+            schedule_source: conv2d_56::schedule_source(),
         },
     ]
 }

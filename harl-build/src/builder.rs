@@ -9,8 +9,8 @@
 //! `harl::include_kernels!()`.
 
 use crate::cache::{LookupSource, TuningCache};
-use crate::codegen::{emit_module, KernelMeta};
-use crate::default_schedule::{default_schedule, CpuTarget};
+use crate::codegen::{emit_module, KernelMeta, Variant, VariantProgram};
+use crate::default_schedule::default_schedule;
 use crate::lower::lower;
 use crate::scan;
 use crate::schedule::Schedule;
@@ -322,8 +322,9 @@ impl Builder {
         Ok(report)
     }
 
-    /// Picks the schedule (cache record or default) and emits the module; never fails: a bad
-    /// record is a warning and the default schedule.
+    /// Picks each ISA variant's schedule (cache record or default) and emits the module; never
+    /// fails: a bad record is a warning and the default schedule. Returns the code, the source
+    /// of the variant this build host runs, and the workload key.
     fn generate(
         &self,
         name: &str,
@@ -334,56 +335,96 @@ impl Builder {
         warn: &mut dyn FnMut(String),
     ) -> (String, ScheduleSource, String) {
         let key = graph.workload_key();
-        let mut chosen: Option<(Schedule, ScheduleSource)> = None;
-        if env.mode != TuneMode::Off {
-            let cache = TuningCache::new(&env.cache_dir);
-            let lookup = cache.lookup(&key, &env.target, |r| {
-                lower(graph, &r.schedule)
-                    .map(|_| ())
-                    .map_err(|e| e.to_string())
-            });
-            for w in lookup.warnings {
-                warn(format!(
-                    "kernel `{name}`: ignoring a tuning record ({w}); using the next best"
-                ));
-            }
-            if let Some(r) = lookup.record {
-                let source = match lookup.source {
-                    LookupSource::Exact => ScheduleSource::CacheExact {
-                        latency_s: r.latency_s,
-                    },
-                    _ => ScheduleSource::CacheCompatible {
-                        latency_s: r.latency_s,
-                    },
-                };
-                chosen = Some((r.schedule, source));
-            }
-        }
-        let (schedule, source) =
-            chosen.unwrap_or_else(|| (default_schedule(graph, &env.cpu), ScheduleSource::Default));
-        let program = match lower(graph, &schedule) {
-            Ok(p) => p,
-            Err(e) => {
-                // The default heuristic should always lower; if it does not, stay correct.
-                warn(format!(
-                    "kernel `{name}`: default schedule rejected ({e}); using a plain loop nest"
-                ));
-                match lower(graph, &Schedule::naive()) {
-                    Ok(p) => p,
-                    Err(e) => {
-                        warn(format!("kernel `{name}` cannot be lowered: {e}"));
-                        return (String::new(), source, key);
+        let arch = env.target.arch.clone();
+        let mut variants = Vec::new();
+        let mut host_source = ScheduleSource::Default;
+        for variant in Variant::ALL {
+            let class = variant.isa_class(&arch);
+            let fingerprint = if class == env.target.isa_class {
+                env.target.clone()
+            } else {
+                TargetFingerprint {
+                    arch: arch.clone(),
+                    isa_class: class.clone(),
+                    features: vec![],
+                    cpu_model: "unknown".into(),
+                    cores: env.target.cores,
+                }
+            };
+            let (schedule, source) = self
+                .pick_schedule(name, graph, &key, &fingerprint, env, warn)
+                .unwrap_or_else(|| {
+                    let cpu = variant.cpu_target(&arch, env.threads);
+                    (default_schedule(graph, &cpu), ScheduleSource::Default)
+                });
+            let program = match lower(graph, &schedule) {
+                Ok(p) => p,
+                Err(e) => {
+                    // The default heuristic should always lower; if it does not, stay correct.
+                    warn(format!(
+                        "kernel `{name}` ({}): schedule rejected ({e}); using a plain loop nest",
+                        variant.name()
+                    ));
+                    match lower(graph, &Schedule::naive()) {
+                        Ok(p) => p,
+                        Err(e) => {
+                            warn(format!("kernel `{name}` cannot be lowered: {e}"));
+                            return (String::new(), source, key);
+                        }
                     }
                 }
+            };
+            if class == env.target.isa_class {
+                host_source = source.clone();
             }
-        };
+            variants.push(VariantProgram {
+                variant,
+                program,
+                source: source.to_string(),
+            });
+        }
         let meta = KernelMeta {
             name: name.to_string(),
             params,
             output,
-            schedule_source: source.to_string(),
         };
-        (emit_module(&program, &meta), source, key)
+        (emit_module(graph, &variants, &meta), host_source, key)
+    }
+
+    /// The best valid cache record for one ISA class, if tuning records are in use.
+    fn pick_schedule(
+        &self,
+        name: &str,
+        graph: &Graph,
+        key: &str,
+        fingerprint: &TargetFingerprint,
+        env: &BuildEnv,
+        warn: &mut dyn FnMut(String),
+    ) -> Option<(Schedule, ScheduleSource)> {
+        if env.mode == TuneMode::Off {
+            return None;
+        }
+        let cache = TuningCache::new(&env.cache_dir);
+        let lookup = cache.lookup(key, fingerprint, |r| {
+            lower(graph, &r.schedule)
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        });
+        for w in lookup.warnings {
+            warn(format!(
+                "kernel `{name}`: ignoring a tuning record ({w}); using the next best"
+            ));
+        }
+        let r = lookup.record?;
+        let source = match lookup.source {
+            LookupSource::Exact => ScheduleSource::CacheExact {
+                latency_s: r.latency_s,
+            },
+            _ => ScheduleSource::CacheCompatible {
+                latency_s: r.latency_s,
+            },
+        };
+        Some((r.schedule, source))
     }
 }
 
@@ -392,7 +433,8 @@ struct BuildEnv {
     mode: TuneMode,
     cache_dir: PathBuf,
     target: TargetFingerprint,
-    cpu: CpuTarget,
+    /// Threads the default schedules plan parallel work for.
+    threads: usize,
 }
 
 impl BuildEnv {
@@ -418,21 +460,19 @@ impl BuildEnv {
                     .map_or_else(|| PathBuf::from("."), PathBuf::from)
                     .join("tuning-cache")
             });
-        let (fingerprint, cpu) = match (&target, cross) {
-            (Some(t), true) => (
-                TargetFingerprint::for_target_triple(t),
-                CpuTarget::portable(),
-            ),
-            _ if mode == TuneMode::Off && std::env::var_os("DOCS_RS").is_some() => {
-                (TargetFingerprint::host(), CpuTarget::portable())
+        let (fingerprint, threads) = match (&target, cross) {
+            (Some(t), true) => (TargetFingerprint::for_target_triple(t), 4),
+            _ => {
+                let fp = TargetFingerprint::host();
+                let threads = fp.cores.max(1);
+                (fp, threads)
             }
-            _ => (TargetFingerprint::host(), CpuTarget::host()),
         };
         BuildEnv {
             mode,
             cache_dir,
             target: fingerprint,
-            cpu,
+            threads,
         }
     }
 }

@@ -1,18 +1,103 @@
-//! Rust codegen for the CPU: a loop program becomes a module with one `run` function.
+//! Rust codegen for the CPU: loop programs become a module with one safe `run` function.
 //!
-//! Each root nest becomes an `#[inline(always)]` body generic over `FMA`, wrapped in
-//! `#[target_feature]` multiversions (AVX-512, AVX2+FMA, and a portable baseline) that the
-//! runtime picks by CPU detection, so the user's build needs no `-C target-cpu`. Multiply-adds
-//! of reductions use `mul_add` only in versions with FMA (elsewhere it is a libm call). Parallel
-//! nests run their outermost loop on rayon through `harl::runtime::parallel_for`.
+//! A kernel is emitted once per ISA variant, each from its own schedule (a register tile that
+//! fits AVX-512's 32 zmm registers spills on AVX2's 16 ymm): AVX-512, AVX2+FMA and a portable
+//! baseline (with FMA on aarch64). Each variant is a submodule whose nests carry
+//! `#[target_feature]`; `run` checks the slice lengths once and dispatches on the CPU detected
+//! at run time, so the user's build needs no `-C target-cpu`. Multiply-adds of reductions use
+//! `mul_add` only in variants with FMA (elsewhere it is a libm call). Parallel nests run their
+//! outermost loop on rayon through `harl::runtime::parallel_for`.
 
+use crate::default_schedule::CpuTarget;
 use crate::loop_ir::{LoopKind, Nest, Program, Stmt};
 use harl_te::graph::interval;
-use harl_te::{BinaryOp, CmpOp, DType, Expr, ReduceOp, TensorRef, UnaryOp};
+use harl_te::{BinaryOp, CmpOp, DType, Expr, Graph, ReduceOp, TensorRef, UnaryOp};
 use std::fmt::Write;
 
 /// Loops at most this long that are marked unrolled are unrolled in the source itself.
 const SOURCE_UNROLL_MAX: usize = 16;
+
+const X86: &str = "#[cfg(any(target_arch = \"x86\", target_arch = \"x86_64\"))]";
+
+/// One ISA variant of a kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Variant {
+    /// x86-64 with AVX-512F/VL, AVX2 and FMA.
+    Avx512,
+    /// x86-64 with AVX2 and FMA.
+    Avx2,
+    /// Everything else (FMA on aarch64, where NEON always has it).
+    Base,
+}
+
+impl Variant {
+    /// All variants, best first.
+    pub const ALL: [Variant; 3] = [Variant::Avx512, Variant::Avx2, Variant::Base];
+
+    /// The submodule name, also the label in `SCHEDULE_SOURCES`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Variant::Avx512 => "avx512",
+            Variant::Avx2 => "avx2",
+            Variant::Base => "base",
+        }
+    }
+
+    /// The tuning-cache ISA class whose records apply to this variant on `arch`.
+    pub fn isa_class(self, arch: &str) -> String {
+        match (self, arch) {
+            (Variant::Avx512, _) => "x86_64-avx512".into(),
+            (Variant::Avx2, _) => "x86_64-avx2".into(),
+            (Variant::Base, "aarch64") => "aarch64-neon".into(),
+            (Variant::Base, a) => format!("{a}-baseline"),
+        }
+    }
+
+    /// What the default schedule plans for in this variant.
+    pub fn cpu_target(self, arch: &str, threads: usize) -> CpuTarget {
+        let (vector_bytes, acc_registers) = match (self, arch) {
+            (Variant::Avx512, _) => (64, 16),
+            (Variant::Avx2, _) => (32, 12),
+            (Variant::Base, "aarch64") => (16, 24),
+            (Variant::Base, _) => (16, 12),
+        };
+        CpuTarget {
+            vector_bytes,
+            acc_registers,
+            threads,
+        }
+    }
+
+    fn cfg(self) -> &'static str {
+        match self {
+            Variant::Base => "",
+            _ => X86,
+        }
+    }
+
+    fn target_feature(self) -> &'static str {
+        match self {
+            Variant::Avx512 => "#[target_feature(enable = \"avx512f,avx512vl,avx2,fma\")]\n",
+            Variant::Avx2 => "#[target_feature(enable = \"avx2,fma\")]\n",
+            Variant::Base => "",
+        }
+    }
+
+    fn fma(self) -> &'static str {
+        match self {
+            Variant::Base => "cfg!(target_arch = \"aarch64\")",
+            _ => "true",
+        }
+    }
+
+    fn isa(self) -> &'static str {
+        match self {
+            Variant::Avx512 => "::harl::runtime::Isa::Avx512",
+            Variant::Avx2 => "::harl::runtime::Isa::Avx2",
+            Variant::Base => "_",
+        }
+    }
+}
 
 /// What the generated module is called from: names for messages and parameters.
 #[derive(Clone, Debug)]
@@ -23,15 +108,24 @@ pub struct KernelMeta {
     pub params: Vec<String>,
     /// Name of the output parameter.
     pub output: String,
-    /// Where the schedule came from, e.g. "default" or "cache (exact target)"; printed in docs.
-    pub schedule_source: String,
 }
 
-/// Emits the items of the generated module for `program`.
-pub fn emit_module(program: &Program, meta: &KernelMeta) -> String {
-    let g = &program.graph;
+/// The lowered program of one variant and where its schedule came from.
+#[derive(Clone, Debug)]
+pub struct VariantProgram {
+    /// Which ISA.
+    pub variant: Variant,
+    /// Its loop program.
+    pub program: Program,
+    /// Where its schedule came from, e.g. "default schedule"; readable at run time.
+    pub source: String,
+}
+
+/// Emits the items of the generated module: one submodule per variant and a dispatching `run`.
+/// `graph` is the kernel as declared (its inputs and output define `run`'s signature).
+pub fn emit_module(graph: &Graph, variants: &[VariantProgram], meta: &KernelMeta) -> String {
     let mut out = String::new();
-    let key = &program.workload_key;
+    let key = graph.workload_key();
     let _ = writeln!(
         out,
         "// @generated by harl-build for kernel `{}`; do not edit.",
@@ -39,23 +133,69 @@ pub fn emit_module(program: &Program, meta: &KernelMeta) -> String {
     );
     let _ = writeln!(out, "/// The workload key this code was generated for.");
     let _ = writeln!(out, "pub const WORKLOAD_KEY: &str = {key:?};");
-    let _ = writeln!(out, "/// Where the schedule came from.");
+    let _ = writeln!(out, "/// Where each ISA variant's schedule came from.");
+    let sources: Vec<String> = variants
+        .iter()
+        .map(|v| format!("({:?}, {:?})", v.variant.name(), v.source))
+        .collect();
     let _ = writeln!(
         out,
-        "pub const SCHEDULE_SOURCE: &str = {:?};",
-        meta.schedule_source
+        "pub const SCHEDULE_SOURCES: &[(&str, &str)] = &[{}];",
+        sources.join(", ")
     );
+    let _ = writeln!(
+        out,
+        "/// Where the schedule of the variant this CPU runs came from.\npub fn schedule_source() -> &'static str {{\n    match ::harl::runtime::Isa::detect() {{"
+    );
+    for v in variants {
+        let _ = writeln!(
+            out,
+            "        {}\n        {} => {:?},",
+            v.variant.cfg(),
+            v.variant.isa(),
+            v.source
+        );
+    }
+    if !variants.iter().any(|v| v.variant == Variant::Base) {
+        out.push_str("        _ => \"none\",\n");
+    }
+    out.push_str("    }\n}\n");
+    for v in variants {
+        emit_variant(&mut out, v, meta);
+    }
+    emit_run(&mut out, graph, variants, meta);
+    out
+}
+
+fn signature(graph: &Graph, meta: &KernelMeta) -> String {
+    let mut params: Vec<String> = meta
+        .params
+        .iter()
+        .zip(&graph.inputs)
+        .map(|(name, ph)| format!("{name}: &[{}]", ph.dtype.rust_name()))
+        .collect();
+    let out_ty = graph.stages.last().map_or("f32", |s| s.dtype.rust_name());
+    params.push(format!("{}: &mut [{out_ty}]", meta.output));
+    params.join(", ")
+}
+
+fn emit_variant(out: &mut String, v: &VariantProgram, meta: &KernelMeta) {
+    let p = &v.program;
+    let g = &p.graph;
+    let var = v.variant;
+    let _ = writeln!(out, "{}\nmod {} {{", var.cfg(), var.name());
+    let _ = writeln!(out, "const FMA: bool = {};", var.fma());
     // The buffers every nest can see, as pointers that may cross threads.
-    let _ = writeln!(out, "#[derive(Clone, Copy)]\nstruct Bufs {{");
-    for (i, p) in g.inputs.iter().enumerate() {
+    out.push_str("#[derive(Clone, Copy)]\nstruct Bufs {\n");
+    for (i, ph) in g.inputs.iter().enumerate() {
         let _ = writeln!(
             out,
             "    i{i}: ::harl::runtime::SyncPtr<{}>,",
-            p.dtype.rust_name()
+            ph.dtype.rust_name()
         );
     }
     for (s, st) in g.stages.iter().enumerate() {
-        if program.has_buffer[s] {
+        if p.has_buffer[s] {
             let _ = writeln!(
                 out,
                 "    s{s}: ::harl::runtime::SyncPtr<{}>,",
@@ -64,14 +204,14 @@ pub fn emit_module(program: &Program, meta: &KernelMeta) -> String {
         }
     }
     out.push_str("}\n");
-    for (n, nest) in program.nests.iter().enumerate() {
-        emit_nest(&mut out, program, n, nest);
+    for (n, nest) in p.nests.iter().enumerate() {
+        emit_nest(out, p, n, nest, var);
     }
-    emit_run(&mut out, program, meta);
-    out
+    emit_variant_run(out, p, meta);
+    out.push_str("}\n");
 }
 
-fn emit_nest(out: &mut String, p: &Program, n: usize, nest: &Nest) {
+fn emit_nest(out: &mut String, p: &Program, n: usize, nest: &Nest, var: Variant) {
     let mut cx = Cx {
         p,
         out: String::new(),
@@ -93,74 +233,28 @@ fn emit_nest(out: &mut String, p: &Program, n: usize, nest: &Nest) {
     let body = cx.out;
     let _ = write!(
         out,
-        r#"#[inline(always)]
-unsafe fn nest{n}<const FMA: bool>(b: Bufs, v0: usize) {{
+        "{}unsafe fn nest{n}(b: Bufs, v0: usize) {{
     let _ = v0;
     // SAFETY: lowering proved every unchecked index in bounds for the buffer lengths that `run`
     // checked, and parallel iterations write disjoint elements.
     unsafe {{
 {body}    }}
 }}
-#[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-unsafe fn nest{n}_avx512(b: Bufs, v0: usize) {{
-    // SAFETY: only called after runtime detection found these features.
-    unsafe {{ nest{n}::<true>(b, v0) }}
-}}
-#[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn nest{n}_avx2(b: Bufs, v0: usize) {{
-    // SAFETY: only called after runtime detection found these features.
-    unsafe {{ nest{n}::<true>(b, v0) }}
-}}
-#[inline(never)]
-unsafe fn nest{n}_base(b: Bufs, v0: usize) {{
-    // SAFETY: as nest{n}; aarch64 always has FMA, elsewhere the portable path does not use it.
-    unsafe {{ nest{n}::<{{ cfg!(target_arch = "aarch64") }}>(b, v0) }}
-}}
-unsafe fn nest{n}_dispatch(isa: ::harl::runtime::Isa, b: Bufs, v0: usize) {{
-    // SAFETY: each multiversion runs only on a CPU that `Isa::detect` found able to.
-    unsafe {{
-        match isa {{
-            #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-            ::harl::runtime::Isa::Avx512 => nest{n}_avx512(b, v0),
-            #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-            ::harl::runtime::Isa::Avx2 => nest{n}_avx2(b, v0),
-            _ => nest{n}_base(b, v0),
-        }}
-    }}
-}}
-"#
+",
+        var.target_feature()
     );
 }
 
-fn emit_run(out: &mut String, p: &Program, meta: &KernelMeta) {
+/// The variant's `run`: allocates intermediates and runs the nests. Unsafe: the caller checked
+/// the slice lengths and that the CPU supports the variant.
+fn emit_variant_run(out: &mut String, p: &Program, meta: &KernelMeta) {
     let g = &p.graph;
-    let mut params = Vec::new();
-    for (name, ph) in meta.params.iter().zip(&g.inputs) {
-        params.push(format!("{name}: &[{}]", ph.dtype.rust_name()));
-    }
     let last = g.stages.len() - 1;
-    let out_ty = g.stages[last].dtype.rust_name();
-    params.push(format!("{}: &mut [{out_ty}]", meta.output));
     let _ = writeln!(
         out,
-        "/// Runs the kernel; checks every slice length first.\npub fn run({}) -> ::core::result::Result<(), ::harl::KernelError> {{",
-        params.join(", ")
+        "#[allow(clippy::too_many_arguments)]\npub(super) unsafe fn run({}) {{",
+        signature(g, meta)
     );
-    let mut check = |arg: &str, shape: &[usize]| {
-        let want: usize = shape.iter().product();
-        let _ = writeln!(
-            out,
-            "    if {arg}.len() != {want} {{ return Err(::harl::KernelError::Length {{ kernel: {:?}, arg: {arg:?}, got: {arg}.len(), want: {want}, shape: {:?} }}); }}",
-            meta.name,
-            format!("{shape:?}")
-        );
-    };
-    for (name, ph) in meta.params.iter().zip(&g.inputs) {
-        check(name, &ph.shape);
-    }
-    check(&meta.output, &g.stages[last].shape);
     // Buffers are filled before any nest runs: each is written only by its own nest.
     for (s, st) in g.stages.iter().enumerate() {
         if !p.has_buffer[s] {
@@ -180,7 +274,7 @@ fn emit_run(out: &mut String, p: &Program, meta: &KernelMeta) {
             let init = fill.unwrap_or_else(|| const_lit(0.0, st.dtype));
             let _ = writeln!(
                 out,
-                "    let mut s{s} = ::std::vec![{init}; {}];",
+                "    let mut __harl_s{s} = ::std::vec![{init}; {}];",
                 st.size()
             );
         }
@@ -194,20 +288,19 @@ fn emit_run(out: &mut String, p: &Program, meta: &KernelMeta) {
         );
     }
     for s in 0..g.stages.len() {
-        if !p.has_buffer[s] {
-            continue;
+        if p.has_buffer[s] {
+            let buf = if s == last {
+                meta.output.clone()
+            } else {
+                format!("__harl_s{s}")
+            };
+            let _ = writeln!(
+                out,
+                "        s{s}: ::harl::runtime::SyncPtr({buf}.as_mut_ptr()),"
+            );
         }
-        let buf = if s == last {
-            meta.output.clone()
-        } else {
-            format!("s{s}")
-        };
-        let _ = writeln!(
-            out,
-            "        s{s}: ::harl::runtime::SyncPtr({buf}.as_mut_ptr()),"
-        );
     }
-    out.push_str("    };\n    let __harl_isa = ::harl::runtime::Isa::detect();\n");
+    out.push_str("    };\n");
     for (n, nest) in p.nests.iter().enumerate() {
         match nest.body.as_slice() {
             [Stmt::For {
@@ -217,18 +310,56 @@ fn emit_run(out: &mut String, p: &Program, meta: &KernelMeta) {
             }] => {
                 let _ = writeln!(
                     out,
-                    "    // SAFETY: iterations of a parallel loop write disjoint elements (spatial loops only).\n    ::harl::runtime::parallel_for({extent}, |__harl_v| unsafe {{ nest{n}_dispatch(__harl_isa, __harl_b, __harl_v) }});"
+                    "    // SAFETY: iterations of a parallel loop write disjoint elements (spatial loops only).\n    ::harl::runtime::parallel_for({extent}, |__harl_v| unsafe {{ nest{n}(__harl_b, __harl_v) }});"
                 );
             }
             _ => {
                 let _ = writeln!(
                     out,
-                    "    // SAFETY: the buffers behind `b` have the lengths checked above.\n    unsafe {{ nest{n}_dispatch(__harl_isa, __harl_b, 0) }};"
+                    "    // SAFETY: the buffers behind `__harl_b` have the lengths `super::run` checked.\n    unsafe {{ nest{n}(__harl_b, 0) }};"
                 );
             }
         }
     }
-    out.push_str("    Ok(())\n}\n");
+    out.push_str("}\n");
+}
+
+/// The safe entry point: checks lengths, then runs the best variant this CPU supports.
+fn emit_run(out: &mut String, g: &Graph, variants: &[VariantProgram], meta: &KernelMeta) {
+    let _ = writeln!(
+        out,
+        "/// Runs the kernel; checks every slice length first.\n#[allow(clippy::too_many_arguments)]\npub fn run({}) -> ::core::result::Result<(), ::harl::KernelError> {{",
+        signature(g, meta)
+    );
+    let mut check = |arg: &str, shape: &[usize]| {
+        let want: usize = shape.iter().product();
+        let _ = writeln!(
+            out,
+            "    if {arg}.len() != {want} {{ return Err(::harl::KernelError::Length {{ kernel: {:?}, arg: {arg:?}, got: {arg}.len(), want: {want}, shape: {:?} }}); }}",
+            meta.name,
+            format!("{shape:?}")
+        );
+    };
+    for (name, ph) in meta.params.iter().zip(&g.inputs) {
+        check(name, &ph.shape);
+    }
+    if let Some(last) = g.stages.last() {
+        check(&meta.output, &last.shape);
+    }
+    let mut args: Vec<&str> = meta.params.iter().map(String::as_str).collect();
+    args.push(&meta.output);
+    let args = args.join(", ");
+    out.push_str("    match ::harl::runtime::Isa::detect() {\n");
+    for v in variants {
+        let _ = writeln!(
+            out,
+            "        {}\n        // SAFETY: lengths checked above; the variant matches the detected CPU.\n        {} => unsafe {{ {}::run({args}) }},",
+            v.variant.cfg(),
+            v.variant.isa(),
+            v.variant.name()
+        );
+    }
+    out.push_str("    }\n    Ok(())\n}\n");
 }
 
 /// The value class of an emitted expression.

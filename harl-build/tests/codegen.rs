@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use harl_build::codegen::{emit_module, KernelMeta};
+use harl_build::codegen::{emit_module, KernelMeta, Variant, VariantProgram};
 use harl_build::default_schedule::{default_schedule, CpuTarget};
 use harl_build::lower::lower;
 use harl_build::schedule::Schedule;
@@ -74,11 +74,19 @@ fn write_crate(dir: &Path, cases: &[Case]) {
             name: format!("k{i}"),
             params: (0..c.graph.inputs.len()).map(|j| format!("x{j}")).collect(),
             output: "out".into(),
-            schedule_source: "test".into(),
         };
+        // Every variant gets the case's schedule, so each ISA runs it.
+        let variants: Vec<VariantProgram> = Variant::ALL
+            .into_iter()
+            .map(|variant| VariantProgram {
+                variant,
+                program: program.clone(),
+                source: "test".into(),
+            })
+            .collect();
         std::fs::write(
             dir.join(format!("src/k{i}.rs")),
-            emit_module(&program, &meta),
+            emit_module(&c.graph, &variants, &meta),
         )
         .expect("write kernel");
         let _ = writeln!(

@@ -18,7 +18,7 @@ use quote::{format_ident, quote};
 /// }
 /// // expands to
 /// // pub fn dense_relu(a: &[f32], w: &[f32], bias: &[f32], out: &mut [f32]) -> Result<(), harl::KernelError>
-/// // pub mod dense_relu { pub const SCHEDULE_SOURCE: &str; pub const WORKLOAD_KEY: &str; ... }
+/// // pub mod dense_relu { pub fn schedule_source() -> &str; pub const WORKLOAD_KEY: &str; ... }
 /// ```
 #[proc_macro_attribute]
 pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {

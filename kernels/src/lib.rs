@@ -3,7 +3,7 @@
 //!
 //! Each kernel is a module with `run(inputs.., out) -> Result<(), harl::KernelError>` (inputs in
 //! the order below, all row-major `f32`; the call checks every slice length), plus
-//! `WORKLOAD_KEY` and `SCHEDULE_SOURCE` (where its schedule came from).
+//! `WORKLOAD_KEY`, `SCHEDULE_SOURCES` and `schedule_source()` (where the schedule of each ISA variant came from).
 //!
 //! | module | computes | inputs | output |
 //! |---|---|---|---|
