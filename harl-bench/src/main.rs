@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! harl-bench [spine] [--json PATH]   harl vs the gemm crate and matrixmultiply (the default)
+//! harl-bench record [--out DIR]      measure the quickstart's kernels, append tuning records
 //! harl-bench help                    this text
 //! ```
 //!
@@ -9,6 +10,7 @@
 //! (default schedules where it has no record).
 
 mod peers;
+mod record;
 mod report;
 mod spine;
 mod timing;
@@ -26,6 +28,9 @@ usage: harl-bench [spine] [--json PATH]
   spine        harl's kernels vs the gemm crate and matrixmultiply, 1 thread and all cores
                (the default command)
   --json PATH  also write the result table as JSON to PATH
+  record [--out DIR]
+               measure the quickstart's kernels as built here and append a tuning record
+               per kernel to DIR (default examples/quickstart/tuning-cache)
   help         print this text";
 
 /// A parsed command line.
@@ -35,6 +40,8 @@ enum Command {
     Spine(spine::Options),
     /// The hidden matrixmultiply timing worker (see [`spine::WORKER_COMMAND`]).
     MatrixMultiplyWorker { workload: String, threads: usize },
+    /// `record [--out DIR]`.
+    Record(record::Options),
     /// `help`, `-h`, `--help`.
     Help,
 }
@@ -57,6 +64,7 @@ fn run(command: Command) -> Result<(), Error> {
         Command::MatrixMultiplyWorker { workload, threads } => {
             spine::matrixmultiply_worker(&workload, threads)
         }
+        Command::Record(options) => record::run(&options),
         Command::Help => {
             println!("{USAGE}");
             Ok(())
@@ -72,6 +80,13 @@ fn parse(args: &[String]) -> Result<Command, Error> {
     match first.as_str() {
         "spine" => parse_spine(&args[1..]).map(Command::Spine),
         "help" | "-h" | "--help" => Ok(Command::Help),
+        "record" => match &args[1..] {
+            [] => Ok(Command::Record(record::Options::default())),
+            [flag, dir] if flag == "--out" => {
+                Ok(Command::Record(record::Options { out: dir.into() }))
+            }
+            _ => Err(format!("record: expected `--out DIR`\n{USAGE}").into()),
+        },
         spine::WORKER_COMMAND => match &args[1..] {
             [workload, threads] => Ok(Command::MatrixMultiplyWorker {
                 workload: workload.clone(),
