@@ -29,13 +29,16 @@ impl Default for Options {
     }
 }
 
+/// Runs a compiled-in kernel on flat inputs.
+type Runner = fn(&[Vec<f32>], &mut [f32]) -> Result<(), harl::KernelError>;
+
 /// A compiled-in kernel: its graph (rebuilt the way build.rs found it), where its schedule came
 /// from, and a runner over flat f32 inputs.
 struct Compiled {
     name: &'static str,
     graph: Graph,
     source: &'static str,
-    run: fn(&[Vec<f32>], &mut [f32]) -> Result<(), harl::KernelError>,
+    run: Runner,
 }
 
 fn quickstart_graphs() -> Result<Vec<(String, Graph)>, Error> {

@@ -77,11 +77,11 @@ pub fn parse_kernel(attr_args: TokenStream, item: &syn::ItemFn) -> Result<Kernel
     let consts = parse_consts(attr_args)?;
     let sig = &item.sig;
     if let Some(t) = &sig.asyncness {
-        return Err(Error::new_spanned(&t, "a harl kernel cannot be `async`"));
+        return Err(Error::new_spanned(t, "a harl kernel cannot be `async`"));
     }
     if let Some(t) = &sig.unsafety {
         return Err(Error::new_spanned(
-            &t,
+            t,
             "a harl kernel is safe to call; remove `unsafe`",
         ));
     }
@@ -100,7 +100,7 @@ pub fn parse_kernel(attr_args: TokenStream, item: &syn::ItemFn) -> Result<Kernel
     let mut params = Vec::new();
     for input in &sig.inputs {
         let syn::FnArg::Typed(pt) = input else {
-            return Err(Error::new_spanned(&input, "a harl kernel takes no `self`"));
+            return Err(Error::new_spanned(input, "a harl kernel takes no `self`"));
         };
         let syn::Pat::Ident(id) = &*pt.pat else {
             return Err(Error::new_spanned(
@@ -139,14 +139,14 @@ pub fn parse_kernel(attr_args: TokenStream, item: &syn::ItemFn) -> Result<Kernel
                     ));
                 };
                 let Some(init) = &local.init else {
-                    return Err(Error::new_spanned(&local, "`let` needs a value"));
+                    return Err(Error::new_spanned(local, "`let` needs a value"));
                 };
                 let t = cx.tensor(&init.expr, &id.ident.to_string())?;
                 cx.tensors.insert(id.ident.to_string(), t);
             }
             syn::Stmt::Expr(e, None) if tail.is_none() => tail = Some(e),
             other => return Err(Error::new_spanned(
-                &other,
+                other,
                 "a kernel body is `let` bindings and one final tensor expression (no `;` after it)",
             )),
         }
@@ -171,7 +171,7 @@ pub fn parse_kernel(attr_args: TokenStream, item: &syn::ItemFn) -> Result<Kernel
     let (got_shape, got_dtype) = (cx.b.shape(out), cx.b.dtype(out));
     if got_shape != out_shape || got_dtype != out_dtype {
         return Err(Error::new_spanned(
-            &ret_ty,
+            ret_ty,
             format!(
                 "the body computes {} {got_shape:?}, but the signature returns {} {out_shape:?}",
                 got_dtype.rust_name(),
@@ -181,7 +181,7 @@ pub fn parse_kernel(attr_args: TokenStream, item: &syn::ItemFn) -> Result<Kernel
     }
     let graph =
         cx.b.finish()
-            .map_err(|e| Error::new_spanned(&tail, format!("invalid kernel: {e}")))?;
+            .map_err(|e| Error::new_spanned(tail, format!("invalid kernel: {e}")))?;
     Ok(KernelDecl {
         name,
         params,
@@ -212,7 +212,7 @@ fn parse_consts(args: TokenStream) -> Result<HashMap<String, usize>> {
             }) => i.base10_parse::<usize>()?,
             other => {
                 return Err(Error::new_spanned(
-                    &other,
+                    other,
                     "a size must be a positive integer literal",
                 ));
             }
@@ -222,7 +222,7 @@ fn parse_consts(args: TokenStream) -> Result<HashMap<String, usize>> {
         }
         if consts.insert(ident.to_string(), value).is_some() {
             return Err(Error::new_spanned(
-                &ident,
+                ident,
                 format!("size `{ident}` is bound twice"),
             ));
         }
@@ -249,13 +249,13 @@ impl Cx {
     fn tensor_type(&self, ty: &syn::Type) -> Result<(DType, Vec<usize>)> {
         let help = "expected `Tensor<dtype, dims...>`, e.g. `Tensor<f32, 64, N>`";
         let syn::Type::Path(tp) = ty else {
-            return Err(Error::new_spanned(&ty, help));
+            return Err(Error::new_spanned(ty, help));
         };
         let Some(seg) = tp.path.segments.last().filter(|s| s.ident == "Tensor") else {
-            return Err(Error::new_spanned(&ty, help));
+            return Err(Error::new_spanned(ty, help));
         };
         let syn::PathArguments::AngleBracketed(args) = &seg.arguments else {
-            return Err(Error::new_spanned(&seg, help));
+            return Err(Error::new_spanned(seg, help));
         };
         let mut it = args.args.iter();
         let first = it.next();
@@ -294,7 +294,7 @@ impl Cx {
                 }
                 other => {
                     return Err(Error::new_spanned(
-                        &other,
+                        other,
                         "a dimension is an integer or a size name",
                     ))
                 }
@@ -303,7 +303,7 @@ impl Cx {
         }
         if shape.is_empty() {
             return Err(Error::new_spanned(
-                &args,
+                args,
                 "a tensor needs at least one dimension",
             ));
         }
@@ -325,7 +325,7 @@ impl Cx {
         usize::try_from(v)
             .ok()
             .filter(|&v| v > 0)
-            .ok_or_else(|| Error::new_spanned(&e, format!("a size must be positive, this is {v}")))
+            .ok_or_else(|| Error::new_spanned(e, format!("a size must be positive, this is {v}")))
     }
 
     fn size_i(&self, e: &syn::Expr) -> Result<i64> {
@@ -345,7 +345,7 @@ impl Cx {
             syn::Expr::Paren(p) => self.size_i(&p.expr),
             syn::Expr::Block(b) if b.block.stmts.len() == 1 => match &b.block.stmts[0] {
                 syn::Stmt::Expr(e, None) => self.size_i(e),
-                s => Err(Error::new_spanned(&s, "expected a size")),
+                s => Err(Error::new_spanned(s, "expected a size")),
             },
             syn::Expr::Binary(bin) => {
                 let (a, b) = (self.size_i(&bin.left)?, self.size_i(&bin.right)?);
@@ -355,13 +355,13 @@ impl Cx {
                     syn::BinOp::Mul(_) => Ok(a * b),
                     syn::BinOp::Div(_) if b != 0 => Ok(a / b),
                     _ => Err(Error::new_spanned(
-                        &bin.op,
+                        bin.op,
                         "sizes combine with + - * / only",
                     )),
                 }
             }
             other => Err(Error::new_spanned(
-                &other,
+                other,
                 "expected a size: an integer, a size name, or arithmetic of those",
             )),
         }
@@ -407,7 +407,7 @@ impl Cx {
                     syn::BinOp::Sub(_) => BinaryOp::Sub,
                     syn::BinOp::Mul(_) => BinaryOp::Mul,
                     syn::BinOp::Div(_) => BinaryOp::Div,
-                    _ => return Err(Error::new_spanned(&bin.op, "tensors combine with + - * /")),
+                    _ => return Err(Error::new_spanned(bin.op, "tensors combine with + - * /")),
                 };
                 if let Some(c) = float_lit(&bin.right) {
                     let x = self.tensor(&bin.left, name)?;
@@ -471,7 +471,7 @@ impl Cx {
         let fname = path_name(&call.func);
         if !n.contains(&call.args.len()) {
             return Err(Error::new_spanned(
-                &call,
+                call,
                 format!(
                     "`{fname}` takes {} tensor arguments, {} given",
                     fmt_range(&n),
@@ -639,13 +639,13 @@ impl Cx {
         let parse = |e: &syn::Expr| -> Result<usize> {
             let v = self.size_i(e)?;
             usize::try_from(v)
-                .map_err(|_| Error::new_spanned(&e, format!("`{name}` cannot be negative")))
+                .map_err(|_| Error::new_spanned(e, format!("`{name}` cannot be negative")))
         };
         match arg {
             syn::Expr::Tuple(t) => {
                 if t.elems.len() != N {
                     return Err(Error::new_spanned(
-                        &t,
+                        t,
                         format!("`{name}` takes {N} values here"),
                     ));
                 }
@@ -665,7 +665,7 @@ impl Cx {
         let [dims, closure] = [call.args.first(), call.args.get(1)];
         let (Some(dims), Some(syn::Expr::Closure(closure)), 2) = (dims, closure, call.args.len())
         else {
-            return Err(Error::new_spanned(&call, usage));
+            return Err(Error::new_spanned(call, usage));
         };
         let shape = self.dims(dims)?;
         self.extents = shape.clone();
@@ -696,7 +696,7 @@ impl Cx {
                 (Some(e), Some(syn::Expr::Closure(c)), 2) => (e, c),
                 _ => {
                     return Err(Error::new_spanned(
-                        &red_call,
+                        red_call,
                         "expected `sum(K, |k| expr)` or `sum([R, S], |r, s| expr)`",
                     ))
                 }
@@ -801,7 +801,7 @@ impl Cx {
             syn::Expr::Group(g) => self.scalar(&g.expr, axes)?,
             syn::Expr::Block(b) if b.block.stmts.len() == 1 => match &b.block.stmts[0] {
                 syn::Stmt::Expr(e, None) => self.scalar(e, axes)?,
-                s => return Err(Error::new_spanned(&s, "expected an expression")),
+                s => return Err(Error::new_spanned(s, "expected an expression")),
             },
             syn::Expr::Index(ix) => {
                 let syn::Expr::Path(p) = &*ix.expr else {
@@ -818,7 +818,7 @@ impl Cx {
                 let t = *self
                     .tensors
                     .get(&id)
-                    .ok_or_else(|| Error::new_spanned(&p, format!("unknown tensor `{id}`")))?;
+                    .ok_or_else(|| Error::new_spanned(p, format!("unknown tensor `{id}`")))?;
                 let idx: Vec<Expr> = match &*ix.index {
                     syn::Expr::Array(a) => a
                         .elems
@@ -867,7 +867,7 @@ impl Cx {
                     B::Ge(_) => cmp(CmpOp::Ge),
                     _ => {
                         return Err(Error::new_spanned(
-                            &bin.op,
+                            bin.op,
                             "unsupported operator in a kernel",
                         ))
                     }
@@ -942,7 +942,7 @@ impl Cx {
     fn block_expr(&self, b: &syn::Block, axes: &HashMap<String, usize>) -> Result<Expr> {
         match b.stmts.as_slice() {
             [syn::Stmt::Expr(e, None)] => self.scalar(e, axes),
-            _ => Err(Error::new_spanned(&b, "expected one expression")),
+            _ => Err(Error::new_spanned(b, "expected one expression")),
         }
     }
 
@@ -950,7 +950,7 @@ impl Cx {
         let x = self.scalar(e, axes)?;
         if self.dtype_of(&x) != DType::I32 {
             return Err(Error::new_spanned(
-                &e,
+                e,
                 "an index must be an integer expression of axes and sizes",
             ));
         }
@@ -1013,7 +1013,7 @@ impl Cx {
                 arity(2)?;
                 let (a, b) = self.unify(next(), next());
                 let r = if f == "max" { a.max(b) } else { a.min(b) };
-                self.typecheck(&r, &node)?;
+                self.typecheck(&r, node)?;
                 r
             }
             "exp" | "log" | "ln" | "sqrt" | "tanh" | "erf" => {
@@ -1037,7 +1037,7 @@ impl Cx {
                 let c = next();
                 let (a, b) = self.unify(next(), next());
                 let r = Expr::select(c, a, b);
-                self.typecheck(&r, &node)?;
+                self.typecheck(&r, node)?;
                 r
             }
             "sum" | "reduce_max" | "reduce_min" => {
@@ -1074,7 +1074,7 @@ fn split_chain(e: &syn::Expr) -> Result<(&syn::ExprCall, Options)> {
             }
             other => {
                 return Err(Error::new_spanned(
-                    &other,
+                    other,
                     "options follow an op call, e.g. `conv2d(x, w).stride(2)`",
                 ))
             }
@@ -1110,12 +1110,12 @@ fn closure_params(c: &syn::ExprClosure) -> Result<Vec<String>> {
             syn::Pat::Type(t) => match &*t.pat {
                 syn::Pat::Ident(i) => Ok(i.ident.to_string()),
                 other => Err(Error::new_spanned(
-                    &other,
+                    other,
                     "axis names are plain identifiers",
                 )),
             },
             other => Err(Error::new_spanned(
-                &other,
+                other,
                 "axis names are plain identifiers",
             )),
         })
