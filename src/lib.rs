@@ -6,7 +6,7 @@
 //! the build script lowers it with a schedule from the tuning cache (or a good default), emits Rust
 //! with per-ISA multiversions, and the attribute expands to a typed, safe function that runs it.
 //!
-//! ```ignore
+//! ```text
 //! #[harl::kernel(M = 64, K = 128, N = 256)]
 //! fn dense_relu(a: Tensor<f32, M, K>, w: Tensor<f32, K, N>, bias: Tensor<f32, N>) -> Tensor<f32, M, N> {
 //!     relu(matmul(a, w) + bias)

@@ -11,7 +11,7 @@ use quote::{format_ident, quote};
 
 /// Declares a tensor kernel; see the `harl` crate docs and README for the DSL.
 ///
-/// ```ignore
+/// ```text
 /// #[harl::kernel(M = 64, K = 128, N = 256)]
 /// pub fn dense_relu(a: Tensor<f32, M, K>, w: Tensor<f32, K, N>, bias: Tensor<f32, N>) -> Tensor<f32, M, N> {
 ///     relu(matmul(a, w) + bias)

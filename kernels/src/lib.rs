@@ -19,7 +19,7 @@
 //! reference interpreter in seconds; the list lives in `registry.rs`. For other shapes, register
 //! ops in your own `build.rs` the same way:
 //!
-//! ```ignore
+//! ```text
 //! // build.rs
 //! harl_build::Builder::new()
 //!     .kernel("gemm_512", harl_te::ops::workloads::matmul(512, 512, 512)?)
