@@ -310,7 +310,9 @@ impl Machine<'_> {
                     BinaryOp::Rem => x % y,
                     BinaryOp::Min => x.min(y),
                     BinaryOp::Max => x.max(y),
-                    BinaryOp::And | BinaryOp::Or => unreachable_logic(),
+                    // Matched lazily above; kept exhaustive without a panic.
+                    BinaryOp::And => ((x != 0.0) && (y != 0.0)) as i64 as f64,
+                    BinaryOp::Or => ((x != 0.0) || (y != 0.0)) as i64 as f64,
                 }
             }
             Expr::Cmp(op, a, b) => {
@@ -362,9 +364,4 @@ fn combine_op(op: ReduceOp, acc: f64, v: f64) -> f64 {
         ReduceOp::Max => acc.max(v),
         ReduceOp::Min => acc.min(v),
     }
-}
-
-/// And/Or are matched before arithmetic; this arm only satisfies exhaustiveness.
-fn unreachable_logic() -> f64 {
-    0.0
 }

@@ -31,6 +31,8 @@ fn cases() -> Vec<Case> {
         w::softmax(3, 20).expect("softmax"),
         w::layer_norm(3, 16).expect("layer_norm"),
         w::dense_bias_relu(5, 8, 32).expect("dense"),
+        f64_math(),
+        i32_arith(),
     ];
     let mut out = Vec::new();
     for (gi, g) in graphs.iter().enumerate() {
@@ -100,7 +102,16 @@ fn write_crate(dir: &Path, cases: &[Case]) {
         let mut args = Vec::new();
         for (j, input) in c.inputs.iter().enumerate() {
             let it = c.graph.inputs[j].dtype.rust_name();
-            let vals: Vec<String> = input.iter().map(|v| format!("{v:?}")).collect();
+            let vals: Vec<String> = input
+                .iter()
+                .map(|v| {
+                    if it == "i32" {
+                        format!("{}", *v as i64)
+                    } else {
+                        format!("{v:?}")
+                    }
+                })
+                .collect();
             let _ = writeln!(
                 main,
                 "    let x{i}_{j}: Vec<{it}> = vec![{}];",

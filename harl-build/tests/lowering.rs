@@ -136,6 +136,8 @@ fn default_schedules_of_the_op_library_match() {
         w::dense_bias_relu(6, 10, 32).expect("dense"),
         w::softmax(5, 33).expect("softmax"),
         w::layer_norm(4, 48).expect("layer_norm"),
+        f64_math(),
+        i32_arith(),
     ];
     for g in &graphs {
         for target in [CpuTarget::host(), CpuTarget::portable()] {

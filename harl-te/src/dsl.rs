@@ -411,10 +411,10 @@ impl Cx {
                 };
                 if let Some(c) = float_lit(&bin.right) {
                     let x = self.tensor(&bin.left, name)?;
-                    self.scalar_op(x, op, c, false, span)?
+                    self.scalar_op(x, op, c, false)
                 } else if let Some(c) = float_lit(&bin.left) {
                     let y = self.tensor(&bin.right, name)?;
-                    self.scalar_op(y, op, c, true, span)?
+                    self.scalar_op(y, op, c, true)
                 } else {
                     let x = self.tensor(&bin.left, name)?;
                     let y = self.tensor(&bin.right, name)?;
@@ -440,14 +440,7 @@ impl Cx {
         Ok(t)
     }
 
-    fn scalar_op(
-        &mut self,
-        x: TensorRef,
-        op: BinaryOp,
-        c: f64,
-        lhs_const: bool,
-        span: Span,
-    ) -> Result<TensorRef> {
+    fn scalar_op(&mut self, x: TensorRef, op: BinaryOp, c: f64, lhs_const: bool) -> TensorRef {
         let dtype = self.b.dtype(x);
         let shape = self.b.shape(x);
         let idx: Vec<Expr> = (0..shape.len()).map(Expr::Axis).collect();
@@ -458,8 +451,7 @@ impl Cx {
         } else {
             v.binary(op, k)
         };
-        let _ = span;
-        Ok(self.b.compute("scalar_op", &shape, dtype, body))
+        self.b.compute("scalar_op", &shape, dtype, body)
     }
 
     fn arg_tensors(
@@ -517,8 +509,6 @@ impl Cx {
                 ));
             }
         }
-        let b = &mut self.b;
-        let _ = b;
         Ok(match fname.as_str() {
             "matmul" | "batch_matmul" => {
                 let a = self.arg_tensors(call, 2..=2, name)?;

@@ -29,7 +29,10 @@ pub fn data(graph: &Graph, seed: u64) -> Vec<Vec<f64>> {
         .iter()
         .map(|p| {
             let n: usize = p.shape.iter().product();
-            (0..n).map(|_| (rng.unit() as f32) as f64).collect()
+            match p.dtype {
+                DType::I32 => (0..n).map(|_| (rng.unit() * 50.0).round()).collect(),
+                _ => (0..n).map(|_| (rng.unit() as f32) as f64).collect(),
+            }
         })
         .collect()
 }
@@ -147,4 +150,40 @@ pub fn random_schedule(graph: &Graph, seed: u64, attempts: usize) -> Schedule {
         }
     }
     sched
+}
+
+/// An f64 matmul with an epilogue that uses every float math function.
+pub fn f64_math() -> Graph {
+    use harl_te::UnaryOp;
+    let mut b = GraphBuilder::new();
+    let a = b.input("a", &[6, 10], DType::F64);
+    let w = b.input("w", &[10, 12], DType::F64);
+    let body = load(a, [Expr::axis(0), Expr::axis(2)]) * load(w, [Expr::axis(2), Expr::axis(1)]);
+    let mm = b.reduce("mm", &[6, 12], DType::F64, ReduceOp::Sum, &[10], body);
+    let x = || load(mm, [Expr::axis(0), Expr::axis(1)]);
+    let c = |v: f64| Expr::lit(v, DType::F64);
+    let gelu = c(0.5) * x() * (c(1.0) + (x() / c(std::f64::consts::SQRT_2)).unary(UnaryOp::Erf));
+    let rest = x().unary(UnaryOp::Tanh)
+        + (-x().unary(UnaryOp::Abs)).exp()
+        + x().unary(UnaryOp::Abs).unary(UnaryOp::Sqrt)
+        + (c(1.0) + x().unary(UnaryOp::Abs)).unary(UnaryOp::Log);
+    b.compute("act", &[6, 12], DType::F64, gelu + rest);
+    b.finish().expect("valid f64 graph")
+}
+
+/// i32 arithmetic (wrapping ops, truncating division, remainder, select, max) and a sum.
+pub fn i32_arith() -> Graph {
+    use harl_te::CmpOp;
+    let mut b = GraphBuilder::new();
+    let a = b.input("a", &[5, 9], DType::I32);
+    let c = b.input("c", &[9], DType::I32);
+    let av = || load(a, [Expr::axis(0), Expr::axis(1)]);
+    let cv = || load(c, [Expr::axis(1)]);
+    let k = |v: i64| Expr::int(v);
+    let mixed = (av() * k(3) + cv()) / k(2) % k(5);
+    let body = Expr::select(av().cmp(CmpOp::Gt, k(0)), mixed, -av()).max(cv() - Expr::axis(1));
+    let ew = b.compute("ew", &[5, 9], DType::I32, body);
+    let sum = load(ew, [Expr::axis(0), Expr::axis(1)]);
+    b.reduce("rowsum", &[5], DType::I32, ReduceOp::Sum, &[9], sum);
+    b.finish().expect("valid i32 graph")
 }
