@@ -3,11 +3,11 @@
 //! An expression refers to the iteration axes of its stage by position (spatial axes first, then
 //! reduce axes), never by name, so that two graphs that differ only in names are the same workload.
 
-use serde::{Deserialize, Serialize};
 use std::ops;
 
 /// Element type of a tensor or an expression.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum DType {
     /// 32-bit float.
     F32,
@@ -52,7 +52,8 @@ impl DType {
 }
 
 /// A reference to a tensor of a graph: one of its inputs or one of its stages.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum TensorRef {
     /// The n-th placeholder.
     Input(usize),
@@ -61,7 +62,8 @@ pub enum TensorRef {
 }
 
 /// Unary operators and math functions.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum UnaryOp {
     /// `-x`
     Neg,
@@ -82,7 +84,8 @@ pub enum UnaryOp {
 }
 
 /// Binary arithmetic operators.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum BinaryOp {
     /// `a + b`
     Add,
@@ -105,7 +108,8 @@ pub enum BinaryOp {
 }
 
 /// Comparison operators; they yield `Bool`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum CmpOp {
     /// `==`
     Eq,
@@ -122,7 +126,8 @@ pub enum CmpOp {
 }
 
 /// A scalar expression.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum Expr {
     /// A literal of the given type (integers are held exactly in the f64).
     Const(f64, DType),

@@ -1,10 +1,10 @@
 //! Te graphs: placeholders and compute stages, their validation and their workload key.
 
 use crate::expr::{BinaryOp, DType, Expr, TensorRef, UnaryOp};
-use serde::{Deserialize, Serialize};
 
 /// A graph input with a static shape.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Placeholder {
     /// Name, for messages and generated parameter names only.
     pub name: String,
@@ -15,7 +15,8 @@ pub struct Placeholder {
 }
 
 /// How a reduction stage combines values.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum ReduceOp {
     /// Sum, identity 0.
     Sum,
@@ -39,7 +40,8 @@ impl ReduceOp {
 }
 
 /// The reduce part of a stage: the combining op and the extents of the reduce axes.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Reduction {
     /// How values combine.
     pub op: ReduceOp,
@@ -48,7 +50,8 @@ pub struct Reduction {
 }
 
 /// One compute stage: `out[spatial] = reduce_{reduce axes} body` (or just `body` without a reduction).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Stage {
     /// Name, for messages and generated code only.
     pub name: String,
@@ -82,7 +85,8 @@ impl Stage {
 }
 
 /// A tensor-expression graph; its output is the last stage.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Graph {
     /// Inputs, in the order of the kernel's parameters.
     pub inputs: Vec<Placeholder>,
