@@ -12,6 +12,8 @@ pub mod lower;
 pub mod scan;
 pub mod schedule;
 pub mod target;
+#[cfg(feature = "tune")]
+pub mod tune;
 
 pub use builder::{BuildError, Builder, Report, ScheduleSource, TuneMode};
 pub use harl_te as te;

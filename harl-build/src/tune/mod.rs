@@ -1,0 +1,7 @@
+//! Tuning (feature `tune`): the search space (sketches and their parameters), the measurer,
+//! schedule features and the cost model, search strategies and the task scheduler.
+//!
+//! Each concept is a module; strategies only see the space through [`sketch`] and the cost
+//! model through [`cost_model::CostModel`], so HARL's own search plugs in beside the baselines.
+
+pub mod rng;
