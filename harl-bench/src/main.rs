@@ -13,6 +13,9 @@ mod peers;
 mod record;
 mod report;
 mod spine;
+// `resolve`, `build` and `gemm_shape` serve the `tune` command, which is being built.
+#[allow(dead_code)]
+mod suite;
 mod timing;
 mod workload;
 
@@ -31,6 +34,7 @@ usage: harl-bench [spine] [--json PATH]
   record [--out DIR]
                measure the quickstart's kernels as built here and append a tuning record
                per kernel to DIR (default examples/quickstart/tuning-cache)
+  list         the tuning suite's workloads and the workload spec keys
   help         print this text";
 
 /// A parsed command line.
@@ -40,6 +44,8 @@ enum Command {
     Spine(spine::Options),
     /// The hidden matrixmultiply timing worker (see [`spine::WORKER_COMMAND`]).
     MatrixMultiplyWorker { workload: String, threads: usize },
+    /// `list` (or `--list`): the tuning suite and the spec keys.
+    List,
     /// `record [--out DIR]`.
     Record(record::Options),
     /// `help`, `-h`, `--help`.
@@ -65,6 +71,10 @@ fn run(command: Command) -> Result<(), Error> {
             spine::matrixmultiply_worker(&workload, threads)
         }
         Command::Record(options) => record::run(&options),
+        Command::List => {
+            print!("{}", suite::list());
+            Ok(())
+        }
         Command::Help => {
             println!("{USAGE}");
             Ok(())
@@ -80,6 +90,7 @@ fn parse(args: &[String]) -> Result<Command, Error> {
     match first.as_str() {
         "spine" => parse_spine(&args[1..]).map(Command::Spine),
         "help" | "-h" | "--help" => Ok(Command::Help),
+        "list" | "--list" => Ok(Command::List),
         "record" => match &args[1..] {
             [] => Ok(Command::Record(record::Options::default())),
             [flag, dir] if flag == "--out" => {
