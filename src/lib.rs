@@ -38,6 +38,13 @@ pub enum KernelError {
         /// The declared shape, e.g. `[64, 128]`.
         shape: &'static str,
     },
+    /// The kernel was built without code for this CPU's instruction set (only in modules built
+    /// for some variants, as harl's measurer does; a normal build always has a portable one).
+    #[error("kernel `{kernel}` has no code for this CPU")]
+    UnsupportedCpu {
+        /// The kernel.
+        kernel: &'static str,
+    },
 }
 
 /// Includes the kernels registered with `harl_build::Builder::kernel` in `build.rs`, as one

@@ -359,6 +359,15 @@ fn emit_run(out: &mut String, g: &Graph, variants: &[VariantProgram], meta: &Ker
             v.variant.name()
         );
     }
+    if !variants.iter().any(|v| v.variant == Variant::Base) {
+        // A module with only some variants (the measurer builds the host's alone) reports a CPU
+        // it has no code for instead of failing to compile.
+        let _ = writeln!(
+            out,
+            "        #[allow(unreachable_patterns)]\n        _ => return Err(::harl::KernelError::UnsupportedCpu {{ kernel: {:?} }}),",
+            meta.name
+        );
+    }
     out.push_str("    }\n    Ok(())\n}\n");
 }
 

@@ -94,7 +94,9 @@ fn normalize_arch(raw: &str) -> String {
 fn isa_class_for(arch: &str, features: &[String]) -> String {
     let has = |name: &str| features.iter().any(|f| f == name);
     match arch {
-        "x86_64" if has("avx512f") && has("avx2") && has("fma") => "x86_64-avx512".to_string(),
+        "x86_64" if has("avx512f") && has("avx512vl") && has("avx2") && has("fma") => {
+            "x86_64-avx512".to_string()
+        }
         "x86_64" if has("avx2") && has("fma") => "x86_64-avx2".to_string(),
         "aarch64" if has("neon") => "aarch64-neon".to_string(),
         other => format!("{other}-baseline"),
@@ -187,6 +189,7 @@ mod tests {
         {
             assert!(host.has_feature("sse2"));
             let expected = if std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512vl")
                 && std::arch::is_x86_feature_detected!("avx2")
                 && std::arch::is_x86_feature_detected!("fma")
             {

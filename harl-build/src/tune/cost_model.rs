@@ -1,0 +1,744 @@
+//! Learned cost models: score schedules from their [`features`](super::features) so the search
+//! measures only the promising ones.
+//!
+//! [`XgbModel`] is the model of Ansor and HARL: gradient-boosted trees (XGBoost), here with the
+//! pairwise rank objective of AutoTVM (`rank:pairwise`) and each task a ranking group, since only
+//! the order of schedules *within* a task matters. It is retrained from scratch on every record
+//! at each [`CostModel::train`] call, as Ansor does. [`RandomModel`] is the baseline.
+//!
+//! Measured records reach a model as rows of features with a throughput (higher is better,
+//! normalised per task) and a task id; [`load_records`] and [`training_set`] turn a JSON file of
+//! measured rows into exactly that, for tests and offline experiments.
+//!
+//! [`pairwise_accuracy`] and [`top_k_recall`] measure how well a model ranks.
+
+use super::rng::Rng;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use xgboost_rs::{Booster, DMatrix};
+
+/// Why a cost model could not train or predict.
+#[derive(Debug, thiserror::Error)]
+pub enum CostModelError {
+    /// The argument slices disagree in length.
+    #[error("{rows} feature rows but {throughputs} throughputs and {groups} group ids")]
+    LengthMismatch {
+        /// Feature rows.
+        rows: usize,
+        /// Throughput values.
+        throughputs: usize,
+        /// Group ids.
+        groups: usize,
+    },
+    /// A row has the wrong number of features.
+    #[error("row {row} has {got} features; the model expects {expected}")]
+    FeatureLength {
+        /// Row index.
+        row: usize,
+        /// Its length.
+        got: usize,
+        /// The length of the first row (training) or of the trained model (prediction).
+        expected: usize,
+    },
+    /// A throughput is NaN or infinite.
+    #[error("throughput of row {row} is {value}; it must be finite")]
+    BadThroughput {
+        /// Row index.
+        row: usize,
+        /// The value.
+        value: f64,
+    },
+    /// XGBoost reported an error.
+    #[error("xgboost: {0}")]
+    Xgboost(String),
+    /// A records file could not be read or parsed.
+    #[error("records file {path}: {why}")]
+    Records {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        why: String,
+    },
+}
+
+impl From<xgboost_rs::XGBError> for CostModelError {
+    fn from(e: xgboost_rs::XGBError) -> Self {
+        CostModelError::Xgboost(e.to_string())
+    }
+}
+
+/// A model that scores schedules by their feature vectors.
+pub trait CostModel {
+    /// A short name for logs and reports.
+    fn name(&self) -> &str;
+
+    /// Fits the model to all measured rows so far: `features[i]` measured `throughput[i]`
+    /// (higher is better, e.g. flops / latency normalised per task) in task `groups[i]`.
+    /// Only the order of throughputs within a task is meaningful.
+    fn train(
+        &mut self,
+        features: &[Vec<f32>],
+        throughput: &[f64],
+        groups: &[usize],
+    ) -> Result<(), CostModelError>;
+
+    /// Scores rows: higher means predicted faster. Scores rank schedules of one task; they are
+    /// not latencies and not comparable across tasks.
+    fn predict(&self, features: &[Vec<f32>]) -> Result<Vec<f64>, CostModelError>;
+}
+
+/// Checks the shapes of a training set and returns the feature length (0 when empty).
+fn check_training_set(
+    features: &[Vec<f32>],
+    throughput: &[f64],
+    groups: &[usize],
+) -> Result<usize, CostModelError> {
+    if features.len() != throughput.len() || features.len() != groups.len() {
+        return Err(CostModelError::LengthMismatch {
+            rows: features.len(),
+            throughputs: throughput.len(),
+            groups: groups.len(),
+        });
+    }
+    let n = features.first().map_or(0, Vec::len);
+    check_rows(features, n)?;
+    if let Some((row, &value)) = throughput.iter().enumerate().find(|(_, t)| !t.is_finite()) {
+        return Err(CostModelError::BadThroughput { row, value });
+    }
+    Ok(n)
+}
+
+fn check_rows(features: &[Vec<f32>], expected: usize) -> Result<(), CostModelError> {
+    match features.iter().position(|r| r.len() != expected) {
+        Some(row) => Err(CostModelError::FeatureLength {
+            row,
+            got: features[row].len(),
+            expected,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// The baseline: a uniform pseudo-random score in `[0, 1)` per row, a pure function of the
+/// seed and the row's features (so predictions are reproducible and training does nothing).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RandomModel {
+    /// Seed of the scores.
+    pub seed: u64,
+}
+
+impl RandomModel {
+    /// A random model with this seed.
+    pub fn new(seed: u64) -> Self {
+        RandomModel { seed }
+    }
+
+    fn score(&self, row: &[f32]) -> f64 {
+        // FNV-1a over the feature bits, then SplitMix.
+        let mut h = 0xcbf2_9ce4_8422_2325u64;
+        for x in row {
+            for b in x.to_bits().to_le_bytes() {
+                h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+            }
+        }
+        Rng::new(self.seed ^ h).unit()
+    }
+}
+
+impl CostModel for RandomModel {
+    fn name(&self) -> &str {
+        "random"
+    }
+
+    fn train(
+        &mut self,
+        features: &[Vec<f32>],
+        throughput: &[f64],
+        groups: &[usize],
+    ) -> Result<(), CostModelError> {
+        check_training_set(features, throughput, groups).map(|_| ())
+    }
+
+    fn predict(&self, features: &[Vec<f32>]) -> Result<Vec<f64>, CostModelError> {
+        Ok(features.iter().map(|r| self.score(r)).collect())
+    }
+}
+
+/// Settings of [`XgbModel`]. The defaults follow Ansor's XGBoost settings (depth 10, eta 0.2,
+/// gamma 0.001, min child weight 0) with a fixed number of rounds instead of early stopping.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct XgbParams {
+    /// Boosting rounds (trees) per training.
+    pub rounds: u32,
+    /// Maximum tree depth.
+    pub max_depth: u32,
+    /// Learning rate.
+    pub eta: f64,
+    /// Minimum loss reduction to split.
+    pub gamma: f64,
+    /// Minimum hessian sum in a child.
+    pub min_child_weight: f64,
+    /// L2 regularisation of leaf weights.
+    pub lambda: f64,
+    /// XGBoost's `tree_method`: `exact` (default here) or `hist`.
+    pub tree_method: String,
+    /// XGBoost's seed.
+    pub seed: u64,
+    /// Threads XGBoost may use (1 gives steady, reproducible timings).
+    pub nthread: u32,
+    /// Below this many training rows the model is not fitted and predicts like a
+    /// [`RandomModel`] with the same seed (Ansor's warm-up; 0 fits from the first row).
+    pub warmup_rows: usize,
+}
+
+impl Default for XgbParams {
+    fn default() -> Self {
+        XgbParams {
+            rounds: 60,
+            max_depth: 10,
+            eta: 0.2,
+            gamma: 0.001,
+            min_child_weight: 0.0,
+            lambda: 1.0,
+            tree_method: "exact".into(),
+            seed: 43,
+            nthread: 1,
+            warmup_rows: 64,
+        }
+    }
+}
+
+/// Gradient-boosted trees ranking schedules within each task (XGBoost `rank:pairwise`).
+///
+/// Each [`CostModel::train`] call fits a new booster on all the rows it is given (rows are
+/// grouped by task for the ranking objective). Training and prediction are deterministic for
+/// given parameters and rows. Features are passed to XGBoost with NaN as the missing value, so
+/// an exact 0.0 is an ordinary value (the `xgboost-rs` dense constructor would read it as
+/// missing).
+pub struct XgbModel {
+    params: XgbParams,
+    booster: Option<Booster>,
+    n_features: usize,
+    fallback: RandomModel,
+}
+
+impl std::fmt::Debug for XgbModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("XgbModel")
+            .field("params", &self.params)
+            .field("trained", &self.booster.is_some())
+            .field("n_features", &self.n_features)
+            .finish()
+    }
+}
+
+impl XgbModel {
+    /// An untrained model with these settings.
+    pub fn new(params: XgbParams) -> Self {
+        let fallback = RandomModel::new(params.seed);
+        XgbModel {
+            params,
+            booster: None,
+            n_features: 0,
+            fallback,
+        }
+    }
+
+    /// An untrained model with the default settings and this seed.
+    pub fn with_seed(seed: u64) -> Self {
+        XgbModel::new(XgbParams {
+            seed,
+            ..XgbParams::default()
+        })
+    }
+
+    /// The settings.
+    pub fn params(&self) -> &XgbParams {
+        &self.params
+    }
+
+    /// Whether a booster has been fitted (otherwise predictions are random).
+    pub fn is_trained(&self) -> bool {
+        self.booster.is_some()
+    }
+
+    /// XGBoost's view of the booster's configuration (JSON), if trained.
+    pub fn config_json(&self) -> Option<String> {
+        self.booster.as_ref().map(Booster::save_config)
+    }
+
+    fn booster_config(&self) -> HashMap<String, String> {
+        let p = &self.params;
+        [
+            ("objective", "rank:pairwise".to_string()),
+            ("eta", p.eta.to_string()),
+            ("max_depth", p.max_depth.to_string()),
+            ("gamma", p.gamma.to_string()),
+            ("min_child_weight", p.min_child_weight.to_string()),
+            ("lambda", p.lambda.to_string()),
+            ("tree_method", p.tree_method.clone()),
+            ("seed", p.seed.to_string()),
+            ("nthread", p.nthread.max(1).to_string()),
+            ("verbosity", "0".to_string()),
+            ("disable_default_eval_metric", "1".to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+    }
+}
+
+/// A dense row-major matrix with NaN (not 0.0) as XGBoost's missing value.
+fn dmatrix(rows: &[&[f32]], n_features: usize, nthread: u32) -> Result<DMatrix, CostModelError> {
+    let mut data = Vec::with_capacity(rows.len() * n_features);
+    for r in rows {
+        data.extend_from_slice(r);
+    }
+    let elem = std::mem::size_of::<f32>();
+    Ok(DMatrix::from_col_major_f32(
+        &data,
+        n_features * elem,
+        elem,
+        rows.len(),
+        n_features,
+        nthread.max(1) as i32,
+        f32::NAN,
+    )?)
+}
+
+impl CostModel for XgbModel {
+    fn name(&self) -> &str {
+        "xgboost"
+    }
+
+    fn train(
+        &mut self,
+        features: &[Vec<f32>],
+        throughput: &[f64],
+        groups: &[usize],
+    ) -> Result<(), CostModelError> {
+        let n_features = check_training_set(features, throughput, groups)?;
+        if features.is_empty() || n_features == 0 || features.len() < self.params.warmup_rows {
+            self.booster = None;
+            return Ok(());
+        }
+        // XGBoost wants each group's rows contiguous; a stable sort keeps the given order within.
+        let mut order: Vec<usize> = (0..features.len()).collect();
+        order.sort_by_key(|&i| groups[i]);
+        // Labels: throughput over the task's best (only the order within a task matters; this
+        // keeps values in f32 range).
+        let mut scale: HashMap<usize, f64> = HashMap::new();
+        for (&g, &t) in groups.iter().zip(throughput) {
+            let s = scale.entry(g).or_insert(0.0);
+            *s = s.max(t.abs());
+        }
+        let labels: Vec<f32> = order
+            .iter()
+            .map(|&i| {
+                let s = scale.get(&groups[i]).copied().unwrap_or(1.0);
+                (if s > 0.0 { throughput[i] / s } else { 0.0 }) as f32
+            })
+            .collect();
+        let mut sizes: Vec<u32> = Vec::new();
+        for (k, &i) in order.iter().enumerate() {
+            if k == 0 || groups[i] != groups[order[k - 1]] {
+                sizes.push(0);
+            }
+            if let Some(last) = sizes.last_mut() {
+                *last += 1;
+            }
+        }
+        let rows: Vec<&[f32]> = order.iter().map(|&i| features[i].as_slice()).collect();
+        let mut dtrain = dmatrix(&rows, n_features, self.params.nthread)?;
+        dtrain.set_labels(&labels)?;
+        dtrain.set_group(&sizes)?;
+        // Booster::train would build a fixed 16 trees; one update per round instead.
+        let mut booster = Booster::new_with_json_config(&[&dtrain], self.booster_config())?;
+        for round in 0..self.params.rounds {
+            booster.update(&dtrain, round as i32)?;
+        }
+        self.booster = Some(booster);
+        self.n_features = n_features;
+        Ok(())
+    }
+
+    fn predict(&self, features: &[Vec<f32>]) -> Result<Vec<f64>, CostModelError> {
+        let Some(booster) = &self.booster else {
+            return self.fallback.predict(features);
+        };
+        check_rows(features, self.n_features)?;
+        if features.is_empty() {
+            return Ok(vec![]);
+        }
+        let rows: Vec<&[f32]> = features.iter().map(Vec::as_slice).collect();
+        let dtest = dmatrix(&rows, self.n_features, self.params.nthread)?;
+        let out = booster.predict(&dtest)?;
+        if out.len() != features.len() {
+            return Err(CostModelError::Xgboost(format!(
+                "{} predictions for {} rows",
+                out.len(),
+                features.len()
+            )));
+        }
+        Ok(out.into_iter().map(f64::from).collect())
+    }
+}
+
+/// Fraction of pairs with different true values that `pred` orders like `truth` (a tie in
+/// `pred` counts half). 0.5 when no pair differs in `truth`.
+///
+/// # Panics
+///
+/// If the slices differ in length.
+pub fn pairwise_accuracy(pred: &[f64], truth: &[f64]) -> f64 {
+    assert_eq!(pred.len(), truth.len(), "pairwise_accuracy: lengths differ");
+    let (mut right, mut pairs) = (0.0, 0.0);
+    for i in 0..pred.len() {
+        for j in i + 1..pred.len() {
+            if truth[i] == truth[j] {
+                continue;
+            }
+            pairs += 1.0;
+            let t = truth[i] > truth[j];
+            if pred[i] == pred[j] {
+                right += 0.5;
+            } else if (pred[i] > pred[j]) == t {
+                right += 1.0;
+            }
+        }
+    }
+    if pairs == 0.0 {
+        0.5
+    } else {
+        right / pairs
+    }
+}
+
+/// [`pairwise_accuracy`] over pairs in the same group only (the ranking a cost model is
+/// trained for): pooled over all groups' pairs.
+///
+/// # Panics
+///
+/// If the slices differ in length.
+pub fn pairwise_accuracy_grouped(pred: &[f64], truth: &[f64], groups: &[usize]) -> f64 {
+    assert!(
+        pred.len() == truth.len() && pred.len() == groups.len(),
+        "pairwise_accuracy_grouped: lengths differ"
+    );
+    let (mut right, mut pairs) = (0.0, 0.0);
+    for i in 0..pred.len() {
+        for j in i + 1..pred.len() {
+            if groups[i] != groups[j] || truth[i] == truth[j] {
+                continue;
+            }
+            pairs += 1.0;
+            if pred[i] == pred[j] {
+                right += 0.5;
+            } else if (pred[i] > pred[j]) == (truth[i] > truth[j]) {
+                right += 1.0;
+            }
+        }
+    }
+    if pairs == 0.0 {
+        0.5
+    } else {
+        right / pairs
+    }
+}
+
+/// Recall of the true top `k` among the predicted top `k` (higher is better in both): the
+/// share of the `k` best-predicted rows whose true value reaches the k-th best true value (so
+/// ties in `truth` at the boundary all count). `k` is clipped to the number of rows; 1.0 when
+/// it is 0. Ties in `pred` are broken by row order.
+///
+/// # Panics
+///
+/// If the slices differ in length.
+pub fn top_k_recall(pred: &[f64], truth: &[f64], k: usize) -> f64 {
+    assert_eq!(pred.len(), truth.len(), "top_k_recall: lengths differ");
+    let k = k.min(pred.len());
+    if k == 0 {
+        return 1.0;
+    }
+    let desc = |v: &[f64]| {
+        let mut idx: Vec<usize> = (0..v.len()).collect();
+        idx.sort_by(|&a, &b| v[b].total_cmp(&v[a]));
+        idx
+    };
+    let threshold = truth[desc(truth)[k - 1]];
+    let hits = desc(pred)[..k]
+        .iter()
+        .filter(|&&i| truth[i] >= threshold)
+        .count();
+    hits as f64 / k as f64
+}
+
+/// One measured row as a test fixture or offline experiment stores it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Record {
+    /// The schedule's feature vector ([`super::features::extract`]).
+    pub features: Vec<f32>,
+    /// Measured latency in seconds; `null` (or a non-positive value) for a failed measurement.
+    pub latency_s: Option<f64>,
+    /// Task id: rows of one task are ranked against each other.
+    pub task: usize,
+}
+
+/// Reads a JSON list of [`Record`]s (`[{"features": [..], "latency_s": 1e-3, "task": 0}, ..]`).
+pub fn load_records(path: impl AsRef<Path>) -> Result<Vec<Record>, CostModelError> {
+    let path = path.as_ref();
+    let err = |why: String| CostModelError::Records {
+        path: path.to_path_buf(),
+        why,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+    serde_json::from_str(&text).map_err(|e| err(e.to_string()))
+}
+
+/// Turns records into the arguments of [`CostModel::train`]: features, throughput normalised
+/// per task (the task's best latency over this latency, so 1.0 is the task's best and a failed
+/// measurement is 0.0), and task ids.
+pub fn training_set(records: &[Record]) -> (Vec<Vec<f32>>, Vec<f64>, Vec<usize>) {
+    let ok = |r: &Record| r.latency_s.filter(|l| l.is_finite() && *l > 0.0);
+    let mut best: HashMap<usize, f64> = HashMap::new();
+    for r in records {
+        if let Some(l) = ok(r) {
+            let b = best.entry(r.task).or_insert(f64::INFINITY);
+            *b = b.min(l);
+        }
+    }
+    let throughput = records
+        .iter()
+        .map(|r| match (ok(r), best.get(&r.task)) {
+            (Some(l), Some(b)) => b / l,
+            _ => 0.0,
+        })
+        .collect();
+    (
+        records.iter().map(|r| r.features.clone()).collect(),
+        throughput,
+        records.iter().map(|r| r.task).collect(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A synthetic task set: `n` rows of `dims` features (some exactly 0), 4 tasks, throughput a
+    /// monotone function of a few features plus a per-task scale.
+    fn synthetic(n: usize, dims: usize, seed: u64) -> (Vec<Vec<f32>>, Vec<f64>, Vec<usize>) {
+        let mut rng = Rng::new(seed);
+        let mut x = Vec::new();
+        let mut y = Vec::new();
+        let mut g = Vec::new();
+        for i in 0..n {
+            let task = i % 4;
+            let row: Vec<f32> = (0..dims)
+                .map(|d| {
+                    if d % 3 == 2 && rng.chance(0.4) {
+                        0.0
+                    } else {
+                        (rng.unit() * 8.0) as f32
+                    }
+                })
+                .collect();
+            let t = (row[0] as f64).exp2() * (1.0 + row[1] as f64) / (1.0 + row[2] as f64);
+            x.push(row);
+            y.push(t * (task + 1) as f64);
+            g.push(task);
+        }
+        (x, y, g)
+    }
+
+    fn params() -> XgbParams {
+        XgbParams {
+            rounds: 30,
+            max_depth: 6,
+            warmup_rows: 0,
+            ..XgbParams::default()
+        }
+    }
+
+    #[test]
+    fn xgb_learns_a_monotone_relation_and_is_deterministic() {
+        let (x, y, g) = synthetic(600, 24, 7);
+        let (train, test) = (400, 600);
+        let mut m = XgbModel::new(params());
+        m.train(&x[..train], &y[..train], &g[..train])
+            .expect("trains");
+        assert!(m.is_trained());
+        let pred = m.predict(&x[train..test]).expect("predicts");
+        let acc = pairwise_accuracy_grouped(&pred, &y[train..test], &g[train..test]);
+        assert!(acc > 0.8, "held-out pairwise accuracy {acc}");
+        // Same rows, same parameters: the same model.
+        let mut m2 = XgbModel::new(params());
+        m2.train(&x[..train], &y[..train], &g[..train])
+            .expect("trains");
+        assert_eq!(pred, m2.predict(&x[train..test]).expect("predicts"));
+        // Retraining replaces the model (online use): same result again.
+        m2.train(&x[..train], &y[..train], &g[..train])
+            .expect("trains");
+        assert_eq!(pred, m2.predict(&x[train..test]).expect("predicts"));
+    }
+
+    #[test]
+    fn xgb_uses_the_configured_objective() {
+        let (x, y, g) = synthetic(80, 5, 1);
+        let mut m = XgbModel::new(params());
+        m.train(&x, &y, &g).expect("trains");
+        let cfg = m.config_json().expect("trained");
+        assert!(cfg.contains("rank:pairwise"), "{cfg}");
+        assert!(cfg.contains("\"max_depth\":\"6\""), "{cfg}");
+        assert!(cfg.contains("\"nthread\":\"1\""), "{cfg}");
+    }
+
+    #[test]
+    fn xgb_zero_is_a_value_not_missing() {
+        // Trained on x in {0, 2} (0 better): a split between them lies at 1, so 0.5 ranks with 0.
+        // Were 0.0 read as missing, the only split would put every present value (0.5 too)
+        // with 2.
+        let x: Vec<Vec<f32>> = (0..60).map(|i| vec![(i % 2 * 2) as f32]).collect();
+        let y: Vec<f64> = x.iter().map(|r| 2.0 - r[0] as f64).collect();
+        let g = vec![0; x.len()];
+        let mut m = XgbModel::new(params());
+        m.train(&x, &y, &g).expect("trains");
+        let p = m
+            .predict(&[vec![0.0], vec![0.5], vec![2.0]])
+            .expect("predicts");
+        assert!(p[0] > p[2] && p[1] == p[0], "{p:?}");
+    }
+
+    #[test]
+    fn xgb_warmup_and_errors() {
+        let (x, y, g) = synthetic(20, 4, 3);
+        let mut m = XgbModel::new(XgbParams {
+            warmup_rows: 50,
+            ..params()
+        });
+        m.train(&x, &y, &g).expect("trains");
+        assert!(!m.is_trained());
+        // Untrained: the seeded random fallback.
+        let r = RandomModel::new(m.params().seed)
+            .predict(&x)
+            .expect("random");
+        assert_eq!(m.predict(&x).expect("predicts"), r);
+        assert!(matches!(
+            m.train(&x, &y[1..], &g),
+            Err(CostModelError::LengthMismatch { .. })
+        ));
+        let mut bad = y.clone();
+        bad[3] = f64::NAN;
+        assert!(matches!(
+            m.train(&x, &bad, &g),
+            Err(CostModelError::BadThroughput { row: 3, .. })
+        ));
+        let mut ragged = x.clone();
+        ragged[5].push(1.0);
+        assert!(matches!(
+            m.train(&ragged, &y, &g),
+            Err(CostModelError::FeatureLength { row: 5, .. })
+        ));
+        let mut m = XgbModel::new(params());
+        m.train(&x, &y, &g).expect("trains");
+        assert!(matches!(
+            m.predict(&[vec![0.0; 3]]),
+            Err(CostModelError::FeatureLength { expected: 4, .. })
+        ));
+        assert_eq!(m.predict(&[]).expect("empty"), Vec::<f64>::new());
+    }
+
+    #[test]
+    fn random_model_is_chance_and_reproducible() {
+        let (x, y, g) = synthetic(400, 6, 11);
+        let mut m = RandomModel::new(5);
+        m.train(&x, &y, &g).expect("trains");
+        let p = m.predict(&x).expect("predicts");
+        assert!(p.iter().all(|s| (0.0..1.0).contains(s)));
+        let acc = pairwise_accuracy_grouped(&p, &y, &g);
+        assert!((acc - 0.5).abs() < 0.06, "random accuracy {acc}");
+        assert_eq!(p, RandomModel::new(5).predict(&x).expect("predicts"));
+        assert_ne!(p, RandomModel::new(6).predict(&x).expect("predicts"));
+    }
+
+    #[test]
+    fn metrics_on_hand_examples() {
+        let truth = [1.0, 2.0, 3.0, 4.0];
+        assert_eq!(pairwise_accuracy(&[10.0, 20.0, 30.0, 40.0], &truth), 1.0);
+        assert_eq!(pairwise_accuracy(&[4.0, 3.0, 2.0, 1.0], &truth), 0.0);
+        // One swapped pair of six.
+        assert!((pairwise_accuracy(&[1.0, 3.0, 2.0, 4.0], &truth) - 5.0 / 6.0).abs() < 1e-12);
+        // A tie in pred counts half; ties in truth are skipped.
+        assert_eq!(pairwise_accuracy(&[1.0, 1.0], &[1.0, 2.0]), 0.5);
+        assert_eq!(pairwise_accuracy(&[1.0, 2.0], &[3.0, 3.0]), 0.5);
+        assert_eq!(pairwise_accuracy(&[], &[]), 0.5);
+        // Grouped: the cross-group pair (0, 2) is ignored.
+        let acc = pairwise_accuracy_grouped(&[1.0, 2.0, 0.0, 5.0], &truth, &[0, 0, 1, 1]);
+        assert_eq!(acc, 1.0);
+
+        let truth = [5.0, 1.0, 4.0, 2.0, 3.0];
+        // True top 2: rows 0 and 2.
+        assert_eq!(top_k_recall(&[9.0, 0.0, 8.0, 0.0, 0.0], &truth, 2), 1.0);
+        assert_eq!(top_k_recall(&[9.0, 0.0, 0.0, 0.0, 8.0], &truth, 2), 0.5);
+        assert_eq!(top_k_recall(&[0.0, 9.0, 0.0, 8.0, 0.0], &truth, 2), 0.0);
+        assert_eq!(top_k_recall(&[0.0; 5], &truth, 5), 1.0);
+        assert_eq!(top_k_recall(&[1.0, 2.0], &[1.0, 2.0], 0), 1.0);
+        assert_eq!(top_k_recall(&[1.0, 2.0], &[1.0, 2.0], 9), 1.0);
+        // Ties in truth at the boundary all count.
+        assert_eq!(top_k_recall(&[0.0, 1.0, 2.0], &[3.0, 3.0, 3.0], 1), 1.0);
+    }
+
+    #[test]
+    fn records_round_trip_into_a_training_set() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("records.json");
+        std::fs::write(
+            &path,
+            r#"[
+                {"features": [1.0, 0.0], "latency_s": 2e-3, "task": 0},
+                {"features": [2.0, 0.0], "latency_s": 1e-3, "task": 0},
+                {"features": [3.0, 1.0], "latency_s": null, "task": 0},
+                {"features": [4.0, 1.0], "latency_s": 5.0, "task": 1}
+            ]"#,
+        )
+        .expect("write");
+        let records = load_records(&path).expect("loads");
+        let (x, y, g) = training_set(&records);
+        assert_eq!(x[2], vec![3.0, 1.0]);
+        assert_eq!(y, vec![0.5, 1.0, 0.0, 1.0]);
+        assert_eq!(g, vec![0, 0, 0, 1]);
+        assert!(matches!(
+            load_records(dir.path().join("missing.json")),
+            Err(CostModelError::Records { .. })
+        ));
+    }
+
+    /// Timing on ~1000 schedule-sized rows: `cargo test --release -p harl-build -- --ignored
+    /// --nocapture xgb_timing`.
+    #[test]
+    #[ignore]
+    fn xgb_timing() {
+        let n_features = crate::tune::features::FEATURE_LEN;
+        let (x, y, g) = synthetic(1000, n_features, 17);
+        for (rounds, method) in [(60, "exact"), (60, "hist"), (200, "exact")] {
+            let mut m = XgbModel::new(XgbParams {
+                rounds,
+                tree_method: method.into(),
+                ..XgbParams::default()
+            });
+            let t0 = std::time::Instant::now();
+            m.train(&x, &y, &g).expect("trains");
+            let t1 = std::time::Instant::now();
+            let p = m.predict(&x).expect("predicts");
+            let t2 = std::time::Instant::now();
+            println!(
+                "{rounds} rounds {method}: train {:?}, predict {} rows {:?}, train acc {:.3}",
+                t1 - t0,
+                x.len(),
+                t2 - t1,
+                pairwise_accuracy_grouped(&p, &y, &g)
+            );
+        }
+    }
+}

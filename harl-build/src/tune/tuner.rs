@@ -1,0 +1,210 @@
+//! The tuning loop: the task scheduler picks a task, its strategy proposes a batch, the
+//! measurer times it, the cost model retrains on every record, until the trial or time budget
+//! is spent. Every decision draws from one seeded [`Rng`], so a seed and the same measurements
+//! give the same sequence of schedules.
+
+use crate::default_schedule::CpuTarget;
+use crate::schedule::Schedule;
+use crate::tune::cost_model::CostModel;
+use crate::tune::rng::Rng;
+use crate::tune::search::{Candidate, SearchStrategy, TaskState};
+use crate::tune::sketch::Task;
+use crate::tune::task_scheduler::{TaskScheduler, TaskView};
+use harl_te::Graph;
+use std::time::{Duration, Instant};
+
+/// Something that times schedules of a graph: the out-of-process measurer, or a fake in tests.
+pub trait Measure {
+    /// Median latency of each schedule in seconds, or why its trial failed.
+    fn measure(&mut self, graph: &Graph, schedules: &[Schedule]) -> Vec<Result<f64, String>>;
+}
+
+/// Budget and knobs of a tuning run.
+#[derive(Clone, Debug)]
+pub struct TuneOptions {
+    /// Total measured trials over all tasks.
+    pub trials: usize,
+    /// Candidates measured per round.
+    pub batch: usize,
+    /// Stop starting new rounds after this long.
+    pub time_budget: Option<Duration>,
+    /// The seed of every random decision.
+    pub seed: u64,
+}
+
+impl Default for TuneOptions {
+    fn default() -> Self {
+        TuneOptions {
+            trials: 200,
+            batch: 16,
+            time_budget: None,
+            seed: 0,
+        }
+    }
+}
+
+/// One point of a best-so-far curve.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CurvePoint {
+    /// Trials spent so far (all tasks).
+    pub trial: usize,
+    /// Weighted sum of the tasks' best latencies (the network's latency), or the single task's.
+    pub best_latency_s: f64,
+    /// Seconds since tuning started.
+    pub elapsed_s: f64,
+}
+
+/// What a tuning run found.
+pub struct TuneResult {
+    /// Final state of each task (its trials, its best).
+    pub tasks: Vec<TaskState>,
+    /// Best-so-far after every trial.
+    pub curve: Vec<CurvePoint>,
+    /// Trials spent per task.
+    pub allocation: Vec<usize>,
+    /// Trials spent in all.
+    pub trials: usize,
+    /// Wall time of the whole run.
+    pub wall_s: f64,
+}
+
+/// Tunes `tasks` within the budget.
+pub fn tune(
+    tasks: Vec<Task>,
+    target: &CpuTarget,
+    options: &TuneOptions,
+    strategy: &mut dyn SearchStrategy,
+    scheduler: &mut dyn TaskScheduler,
+    model: &mut dyn CostModel,
+    measurer: &mut dyn Measure,
+) -> TuneResult {
+    let start = Instant::now();
+    let mut rng = Rng::new(options.seed);
+    let mut states: Vec<TaskState> = tasks
+        .into_iter()
+        .map(|t| TaskState::new(t, target))
+        .collect();
+    let mut histories: Vec<Vec<Option<f64>>> = vec![Vec::new(); states.len()];
+    let mut curve = Vec::new();
+    let mut spent = 0usize;
+    let mut stalled_rounds = 0usize;
+    while spent < options.trials && !states.is_empty() {
+        if options.time_budget.is_some_and(|b| start.elapsed() >= b) {
+            break;
+        }
+        let views: Vec<TaskView> = states
+            .iter()
+            .zip(&histories)
+            .map(|(s, h)| TaskView {
+                weight: s.task.weight,
+                flops: s.flops,
+                history: h.clone(),
+                trials: s.trials.len(),
+                class: op_class(&s.task.graph),
+            })
+            .collect();
+        let ti = scheduler.next(&views, &mut rng).min(states.len() - 1);
+        let batch = options.batch.min(options.trials - spent);
+        let proposals = strategy.propose(&states[ti], &*model, batch, &mut rng);
+        if proposals.is_empty() {
+            // The task's space is exhausted (or empty); let the others go on.
+            histories[ti].push(states[ti].best_latency());
+            stalled_rounds += 1;
+            if stalled_rounds > 2 * states.len() {
+                break;
+            }
+            continue;
+        }
+        stalled_rounds = 0;
+        let schedules: Vec<Schedule> = proposals.iter().map(|c| c.schedule.clone()).collect();
+        let results = measurer.measure(&states[ti].task.graph, &schedules);
+        for (cand, res) in proposals.into_iter().zip(results) {
+            states[ti].record(cand, res.ok());
+            spent += 1;
+            if let Some(l) = network_latency(&states) {
+                curve.push(CurvePoint {
+                    trial: spent,
+                    best_latency_s: l,
+                    elapsed_s: start.elapsed().as_secs_f64(),
+                });
+            }
+        }
+        histories[ti].push(states[ti].best_latency());
+        retrain(model, &states);
+    }
+    TuneResult {
+        allocation: states.iter().map(|s| s.trials.len()).collect(),
+        tasks: states,
+        curve,
+        trials: spent,
+        wall_s: start.elapsed().as_secs_f64(),
+    }
+}
+
+/// Weighted sum of every task's best latency, once every task has one.
+fn network_latency(states: &[TaskState]) -> Option<f64> {
+    states
+        .iter()
+        .map(|s| s.best_latency().map(|l| l * s.task.weight))
+        .sum::<Option<f64>>()
+}
+
+/// Trains the model on every successful record: throughput normalised by the task's best, so
+/// tasks of different sizes share one scale; failed trials count as zero throughput.
+fn retrain(model: &mut dyn CostModel, states: &[TaskState]) {
+    let mut xs = Vec::new();
+    let mut ys = Vec::new();
+    let mut groups = Vec::new();
+    for (ti, s) in states.iter().enumerate() {
+        let Some(best) = s.best_latency() else {
+            continue;
+        };
+        for t in &s.trials {
+            xs.push(t.candidate.features.clone());
+            ys.push(t.latency_s.map_or(0.0, |l| best / l));
+            groups.push(ti);
+        }
+    }
+    if xs.len() >= 2 {
+        // A model that cannot train keeps its previous state; the search goes on.
+        let _ = model.train(&xs, &ys, &groups);
+    }
+}
+
+/// A coarse op class for the scheduler's "similar tasks": the reduction structure.
+fn op_class(g: &Graph) -> String {
+    g.stages
+        .iter()
+        .filter_map(|s| {
+            s.reduce
+                .as_ref()
+                .map(|r| format!("{}r{}", s.shape.len(), r.extents.len()))
+        })
+        .collect::<Vec<_>>()
+        .join("+")
+}
+
+/// The best candidate of a task, if any trial succeeded.
+pub fn best_candidate(state: &TaskState) -> Option<(&Candidate, f64)> {
+    state
+        .best()
+        .and_then(|t| t.latency_s.map(|l| (&t.candidate, l)))
+}
+
+impl Measure for crate::tune::measure::Measurer {
+    fn measure(&mut self, graph: &Graph, schedules: &[Schedule]) -> Vec<Result<f64, String>> {
+        let candidates: Vec<crate::tune::measure::Candidate> = schedules
+            .iter()
+            .cloned()
+            .map(crate::tune::measure::Candidate::Schedule)
+            .collect();
+        crate::tune::measure::Measurer::measure(self, graph, &candidates)
+            .into_iter()
+            .map(|m| match (m.latency_s, m.error) {
+                (Some(l), None) => Ok(l),
+                (_, Some(e)) => Err(e.to_string()),
+                (None, None) => Err("no latency".into()),
+            })
+            .collect()
+    }
+}

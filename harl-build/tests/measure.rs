@@ -1,0 +1,279 @@
+//! The measurer compiles candidates as they ship, runs each in its own process and labels every
+//! failure as one failed trial: a crash, a hang, a wrong result, a compile error, a schedule that
+//! does not lower. The good candidates of the same batch are still measured.
+//!
+//! All tests share one work dir (and so one target dir) under the workspace's `target/`, so
+//! harl and rayon compile in release once; builds serialise on the work dir's lock.
+
+mod common;
+
+use harl_build::default_schedule::{default_schedule, CpuTarget};
+use harl_build::schedule::{Schedule, Step};
+use harl_build::tune::measure::{
+    reference_data, Candidate, MeasureConfig, MeasureError, Measurer, TrialError,
+};
+use harl_te::ops::workloads as w;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+fn harl_path() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn config() -> MeasureConfig {
+    MeasureConfig {
+        work_dir: harl_path().join("target").join("measure-tests"),
+        harl_path: harl_path(),
+        threads: 1,
+        timeout: Duration::from_secs(2),
+        min_time: Duration::from_millis(20),
+        min_repeats: 3,
+        warmup: 1,
+        check_points: 32,
+        seed: 1,
+    }
+}
+
+/// A raw candidate for a `[m, k] x [k, n]` f32 matmul with the given body.
+fn raw(body: &str) -> Candidate {
+    Candidate::RawSource(format!(
+        "pub fn run(a: &[f32], b: &[f32], out: &mut [f32]) -> Result<(), harl::KernelError> {{\n    let _ = (a, b);\n    {body}\n}}"
+    ))
+}
+
+#[test]
+fn every_failure_is_one_labelled_trial() {
+    let graph = w::matmul(48, 64, 40).expect("matmul");
+    let good = default_schedule(&graph, &CpuTarget::host());
+    let bad = Schedule {
+        steps: vec![Step::Split {
+            stage: 7,
+            at: 0,
+            factors: vec![4],
+        }],
+    };
+    let candidates = vec![
+        Candidate::Schedule(good),
+        raw("let p = std::hint::black_box(std::ptr::null_mut::<f32>());\n    // SAFETY: none; this candidate crashes on purpose.\n    unsafe { p.write_volatile(out[0]) };\n    Ok(())"),
+        raw("loop { std::hint::spin_loop(); }"),
+        raw("out.fill(1.0);\n    Ok(())"),
+        Candidate::Schedule(bad),
+        raw("let x: u32 = \"not a number\";\n    Ok(())"),
+        raw("panic!(\"candidate gave up\")"),
+        Candidate::Schedule(Schedule::naive()),
+    ];
+    let mut m = Measurer::new(config()).expect("measurer");
+    let t = Instant::now();
+    let res = m.measure(&graph, &candidates);
+    eprintln!("batch of {} measured in {:?}", res.len(), t.elapsed());
+    for (i, r) in res.iter().enumerate() {
+        eprintln!("{i}: {r:?}");
+    }
+    assert_eq!(res.len(), candidates.len());
+
+    for i in [0, 7] {
+        let r = &res[i];
+        assert!(r.is_ok(), "candidate {i}: {r:?}");
+        let lat = r.latency_s.expect("latency");
+        assert!(lat > 0.0 && r.min_s <= lat && lat <= r.max_s, "{r:?}");
+        assert!(r.runs >= 3);
+        assert!(r.compile_s > 0.0);
+    }
+    assert!(
+        matches!(&res[1].error, Some(TrialError::Crash(m)) if m.starts_with("signal 11 (SIGSEGV)")),
+        "{:?}",
+        res[1]
+    );
+    assert_eq!(res[2].error, Some(TrialError::Timeout));
+    assert!(
+        matches!(&res[3].error, Some(TrialError::WrongResult(m)) if m.contains("checked elements differ")),
+        "{:?}",
+        res[3]
+    );
+    assert!(
+        matches!(&res[4].error, Some(TrialError::Invalid(_))),
+        "{:?}",
+        res[4]
+    );
+    assert_eq!(res[4].compile_s, 0.0);
+    assert!(
+        matches!(&res[5].error, Some(TrialError::Compile(m)) if m.contains("mismatched types")),
+        "{:?}",
+        res[5]
+    );
+    assert!(
+        matches!(&res[6].error, Some(TrialError::Crash(m)) if m.contains("candidate gave up")),
+        "{:?}",
+        res[6]
+    );
+    for r in &res[1..7] {
+        assert_eq!(r.latency_s, None);
+        assert_eq!(r.runs, 0);
+    }
+}
+
+#[test]
+fn pipelined_batches_measure_like_single_ones() {
+    let graph = w::dense_bias_relu(16, 32, 24).expect("dense");
+    let batches = vec![
+        vec![Candidate::Schedule(default_schedule(
+            &graph,
+            &CpuTarget::host(),
+        ))],
+        vec![
+            Candidate::Schedule(Schedule::naive()),
+            raw("not rust at all"),
+        ],
+    ];
+    let mut m = Measurer::new(config()).expect("measurer");
+    // dense_bias_relu has a bias input: the raw candidate's two-input signature is wrong, and
+    // it is not Rust anyway; either way it fails to compile in its own file.
+    let res = m.measure_pipelined(&graph, &batches);
+    assert_eq!(res.len(), 2);
+    assert!(res[0][0].is_ok(), "{:?}", res[0][0]);
+    assert!(res[1][0].is_ok(), "{:?}", res[1][0]);
+    assert!(
+        matches!(res[1][1].error, Some(TrialError::Compile(_))),
+        "{:?}",
+        res[1][1]
+    );
+}
+
+#[test]
+fn a_link_error_is_bisected_to_its_candidate() {
+    // The linker names no source file: the batch is bisected to find the culprit.
+    let graph = w::matmul(8, 8, 8).expect("matmul");
+    let candidates = vec![
+        Candidate::Schedule(Schedule::naive()),
+        raw("#[link(name = \"harl_no_such_library\")]\n    unsafe extern \"C\" {\n        fn harl_no_such_function();\n    }\n    // SAFETY: never links.\n    unsafe { harl_no_such_function() };\n    Ok(())"),
+        Candidate::Schedule(default_schedule(&graph, &CpuTarget::host())),
+    ];
+    let mut m = Measurer::new(config()).expect("measurer");
+    let res = m.measure(&graph, &candidates);
+    assert!(res[0].is_ok(), "{:?}", res[0]);
+    assert!(res[2].is_ok(), "{:?}", res[2]);
+    assert!(
+        matches!(&res[1].error, Some(TrialError::Compile(m)) if m.contains("harl_no_such_library")),
+        "{:?}",
+        res[1]
+    );
+}
+
+#[test]
+fn same_seed_same_inputs_and_points() {
+    let graph = w::conv2d(1, 3, 8, 8, 4, 3, 3, 1, 1, 1, 1).expect("conv2d");
+    let a = reference_data(&graph, 42, 50).expect("reference");
+    let b = reference_data(&graph, 42, 50).expect("reference");
+    assert_eq!(a, b);
+    let c = reference_data(&graph, 43, 50).expect("reference");
+    assert_ne!(a.inputs, c.inputs);
+    assert_ne!(a.points, c.points);
+    assert!(a.inputs.iter().flatten().all(|v| (-1.0..1.0).contains(v)));
+    // The expected values are the interpreter's.
+    let refs: Vec<&[f64]> = a.inputs.iter().map(Vec::as_slice).collect();
+    let full = harl_te::interp::run(&graph, &refs).expect("run");
+    for (p, v) in a.points.iter().zip(&a.expected) {
+        assert_eq!(full[*p], *v);
+    }
+}
+
+#[test]
+fn a_bad_configuration_is_an_error_not_a_panic() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut c = config();
+    c.work_dir = dir.path().join("work");
+    c.harl_path = dir.path().join("no-such-crate");
+    assert!(matches!(
+        Measurer::new(c.clone()),
+        Err(MeasureError::HarlPath(_))
+    ));
+    c.harl_path = harl_path();
+    c.threads = 0;
+    assert!(matches!(
+        Measurer::new(c.clone()),
+        Err(MeasureError::Config(_))
+    ));
+    c.threads = 1;
+    c.min_time = c.timeout;
+    assert!(matches!(Measurer::new(c), Err(MeasureError::Config(_))));
+}
+
+/// Figures for the record (`cargo test -p harl-build --test measure -- --ignored --nocapture
+/// figures`): compile time of a batch of 16 matmul schedules, per-candidate overhead of a
+/// worker process, and the cost of the reference for a 1024^3 matmul.
+#[test]
+#[ignore]
+fn figures() {
+    let graph = w::matmul(256, 256, 256).expect("matmul");
+    let mut schedules: Vec<Schedule> = Vec::new();
+    for vector_bytes in [16, 32, 64] {
+        for acc_registers in [2, 4, 6, 8, 12, 16, 24] {
+            for threads in [1, 2, 8, 64] {
+                let s = default_schedule(
+                    &graph,
+                    &CpuTarget {
+                        vector_bytes,
+                        acc_registers,
+                        threads,
+                    },
+                );
+                if !schedules.contains(&s) {
+                    schedules.push(s);
+                }
+            }
+        }
+    }
+    schedules.push(Schedule::naive());
+    let mut seed = 0;
+    while schedules.len() < 16 {
+        let s = common::random_schedule(&graph, seed, 30);
+        seed += 1;
+        if !schedules.contains(&s) {
+            schedules.push(s);
+        }
+    }
+    let n = schedules.len();
+    let candidates: Vec<Candidate> = schedules.into_iter().map(Candidate::Schedule).collect();
+    let mut c = config();
+    c.timeout = Duration::from_secs(20);
+    let m = Measurer::new(c.clone()).expect("measurer");
+    let t = Instant::now();
+    let batch = m.prepare(&graph, &candidates);
+    let compile = t.elapsed();
+    let t = Instant::now();
+    let res = m.run_prepared(&batch);
+    let run = t.elapsed();
+    let timed: f64 = res
+        .iter()
+        .map(|r| r.latency_s.unwrap_or(0.0) * r.runs as f64)
+        .sum();
+    eprintln!("{n} distinct candidates: compile {compile:?}, run {run:?} (timed {timed:.3} s)");
+    for r in &res {
+        eprintln!(
+            "  {:?} GFLOP/s {:.1}",
+            r.error,
+            graph.flops() / r.latency_s.unwrap_or(f64::INFINITY) * 1e-9
+        );
+    }
+    // Overhead: one checked run and one timed run per candidate.
+    c.min_time = Duration::ZERO;
+    c.min_repeats = 1;
+    c.warmup = 0;
+    let m = Measurer::new(c).expect("measurer");
+    let batch = m.prepare(&graph, &candidates);
+    let t = Instant::now();
+    let res = m.run_prepared(&batch);
+    let kernel: f64 = res.iter().map(|r| 2.0 * r.latency_s.unwrap_or(0.0)).sum();
+    eprintln!(
+        "overhead per candidate: {:.1} ms (kernel time excluded)",
+        (t.elapsed().as_secs_f64() - kernel) / n as f64 * 1e3
+    );
+    let big = w::matmul(1024, 1024, 1024).expect("matmul");
+    let t = Instant::now();
+    let r = reference_data(&big, 0, 256).expect("reference");
+    eprintln!(
+        "reference of a 1024^3 matmul at {} points: {:?}",
+        r.points.len(),
+        t.elapsed()
+    );
+}

@@ -1,0 +1,113 @@
+//! The tuning loop is reproducible under a seed, spends its budget, and its curve only improves.
+
+use harl_build::codegen::Variant;
+use harl_build::schedule::Schedule;
+use harl_build::tune::cost_model::XgbModel;
+use harl_build::tune::search::strategy_by_name;
+use harl_build::tune::sketch::Task;
+use harl_build::tune::task_scheduler::scheduler_by_name;
+use harl_build::tune::tuner::{tune, Measure, TuneOptions, TuneResult};
+use harl_te::ops::workloads;
+use harl_te::Graph;
+
+/// A deterministic stand-in for the measurer: latency from a hash of the schedule.
+struct FakeMeasurer;
+
+impl Measure for FakeMeasurer {
+    fn measure(&mut self, _: &Graph, schedules: &[Schedule]) -> Vec<Result<f64, String>> {
+        schedules
+            .iter()
+            .map(|s| {
+                let text = format!("{:?}", s.steps);
+                let h = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                    (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+                });
+                Ok(1e-3 * (1.0 + (h % 1000) as f64 / 1000.0))
+            })
+            .collect()
+    }
+}
+
+fn run(strategy: &str, seed: u64, trials: usize, tasks: Vec<Task>) -> TuneResult {
+    let target = Variant::Avx512.cpu_target("x86_64", 2);
+    let mut strategy = strategy_by_name(strategy).expect("strategy");
+    let mut scheduler = scheduler_by_name("gradient").expect("scheduler");
+    let mut model = XgbModel::with_seed(seed);
+    let options = TuneOptions {
+        trials,
+        batch: 8,
+        time_budget: None,
+        seed,
+    };
+    tune(
+        tasks,
+        &target,
+        &options,
+        strategy.as_mut(),
+        scheduler.as_mut(),
+        &mut model,
+        &mut FakeMeasurer,
+    )
+}
+
+fn task(name: &str, graph: Graph, weight: f64) -> Task {
+    Task {
+        name: name.into(),
+        graph,
+        weight,
+    }
+}
+
+fn chosen(r: &TuneResult) -> Vec<String> {
+    r.tasks
+        .iter()
+        .flat_map(|s| {
+            s.trials
+                .iter()
+                .map(|t| format!("{:?}", t.candidate.schedule.steps))
+        })
+        .collect()
+}
+
+#[test]
+fn same_seed_same_schedules_for_every_strategy() {
+    for strategy in ["random", "ansor", "autotvm"] {
+        let mk = || {
+            vec![task(
+                "mm",
+                workloads::matmul(64, 64, 64).expect("matmul"),
+                1.0,
+            )]
+        };
+        let a = run(strategy, 7, 24, mk());
+        let b = run(strategy, 7, 24, mk());
+        let c = run(strategy, 8, 24, mk());
+        assert_eq!(a.trials, 24, "{strategy}");
+        assert_eq!(
+            chosen(&a),
+            chosen(&b),
+            "{strategy}: same seed, different schedules"
+        );
+        assert_ne!(chosen(&a), chosen(&c), "{strategy}: the seed has no effect");
+    }
+}
+
+#[test]
+fn budget_is_split_over_tasks_and_the_curve_never_gets_worse() {
+    let tasks = vec![
+        task("mm", workloads::matmul(32, 48, 64).expect("matmul"), 2.0),
+        task(
+            "conv",
+            workloads::conv2d(1, 8, 10, 10, 8, 3, 3, 1, 1, 1, 1).expect("conv2d"),
+            1.0,
+        ),
+    ];
+    let r = run("ansor", 1, 40, tasks);
+    assert_eq!(r.trials, 40);
+    assert_eq!(r.allocation.iter().sum::<usize>(), 40);
+    assert!(r.allocation.iter().all(|&n| n > 0), "{:?}", r.allocation);
+    assert!(r
+        .curve
+        .windows(2)
+        .all(|w| w[1].best_latency_s <= w[0].best_latency_s));
+}
