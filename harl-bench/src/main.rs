@@ -13,10 +13,9 @@ mod peers;
 mod record;
 mod report;
 mod spine;
-// `resolve`, `build` and `gemm_shape` serve the `tune` command, which is being built.
-#[allow(dead_code)]
 mod suite;
 mod timing;
+mod tune;
 mod workload;
 
 use std::process::ExitCode;
@@ -34,6 +33,9 @@ usage: harl-bench [spine] [--json PATH]
   record [--out DIR]
                measure the quickstart's kernels as built here and append a tuning record
                per kernel to DIR (default examples/quickstart/tuning-cache)
+  tune --workload W --strategy S --trials N --seed K --threads T --out DIR [--batch B]
+               tune one workload (suite name or spec, see `list`) with random | ansor |
+               autotvm; writes DIR/summary.json and DIR/curve.csv
   list         the tuning suite's workloads and the workload spec keys
   help         print this text";
 
@@ -44,6 +46,8 @@ enum Command {
     Spine(spine::Options),
     /// The hidden matrixmultiply timing worker (see [`spine::WORKER_COMMAND`]).
     MatrixMultiplyWorker { workload: String, threads: usize },
+    /// `tune --workload W --strategy S --trials N --seed K --threads T --out DIR`.
+    Tune(tune::Options),
     /// `list` (or `--list`): the tuning suite and the spec keys.
     List,
     /// `record [--out DIR]`.
@@ -71,6 +75,7 @@ fn run(command: Command) -> Result<(), Error> {
             spine::matrixmultiply_worker(&workload, threads)
         }
         Command::Record(options) => record::run(&options),
+        Command::Tune(options) => tune::run(&options),
         Command::List => {
             print!("{}", suite::list());
             Ok(())
@@ -91,6 +96,8 @@ fn parse(args: &[String]) -> Result<Command, Error> {
         "spine" => parse_spine(&args[1..]).map(Command::Spine),
         "help" | "-h" | "--help" => Ok(Command::Help),
         "list" | "--list" => Ok(Command::List),
+        "tune" if args[1..].iter().any(|a| a == "--list") => Ok(Command::List),
+        "tune" => tune::parse(&args[1..]).map(Command::Tune),
         "record" => match &args[1..] {
             [] => Ok(Command::Record(record::Options::default())),
             [flag, dir] if flag == "--out" => {

@@ -20,7 +20,7 @@ pub enum Peer {
 
 impl Peer {
     /// `dst [m, n] = lhs [m, k] x rhs [k, n]`, all row-major.
-    fn matmul(self, mm: Matmul, lhs: &[f32], rhs: &[f32], dst: &mut [f32], threads: usize) {
+    pub fn matmul(self, mm: Matmul, lhs: &[f32], rhs: &[f32], dst: &mut [f32], threads: usize) {
         assert_eq!(lhs.len(), mm.m * mm.k, "lhs length");
         assert_eq!(rhs.len(), mm.k * mm.n, "rhs length");
         assert_eq!(dst.len(), mm.m * mm.n, "dst length");

@@ -82,6 +82,13 @@ pub enum ScheduleSource {
         /// Measured latency of the record.
         latency_s: f64,
     },
+    /// Tuned by this build (`HARL_TUNE=on`) and appended to the cache.
+    Tuned {
+        /// Measured latency of the winner.
+        latency_s: f64,
+        /// Trials spent.
+        trials: usize,
+    },
 }
 
 impl std::fmt::Display for ScheduleSource {
@@ -95,6 +102,12 @@ impl std::fmt::Display for ScheduleSource {
                 write!(
                     f,
                     "tuning cache, same ISA class (recorded {latency_s:.3e} s)"
+                )
+            }
+            ScheduleSource::Tuned { latency_s, trials } => {
+                write!(
+                    f,
+                    "tuned by this build ({trials} trials, measured {latency_s:.3e} s)"
                 )
             }
         }
@@ -232,9 +245,9 @@ impl Builder {
                 &mut report,
             );
         }
-        if env.mode == TuneMode::On {
+        if env.mode == TuneMode::On && !cfg!(feature = "tune") {
             warn(
-                "HARL_TUNE=on: this harl version has no search yet; kernels use cache records or the default schedule".into(),
+                "HARL_TUNE=on, but harl-build was built without its `tune` feature; kernels use cache records or the default schedule (enable it: harl-build = { version = \"0.1\", features = [\"tune\"] })".into(),
                 &mut report,
             );
         }
@@ -245,6 +258,7 @@ impl Builder {
                 "HARL_TRIALS",
                 "HARL_SEED",
                 "HARL_STRATEGY",
+                "HARL_TUNE_SECONDS",
             ] {
                 println!("cargo:rerun-if-env-changed={var}");
             }
@@ -351,12 +365,16 @@ impl Builder {
                     cores: env.target.cores,
                 }
             };
-            let (schedule, source) = self
-                .pick_schedule(name, graph, &key, &fingerprint, env, warn)
-                .unwrap_or_else(|| {
-                    let cpu = variant.cpu_target(&arch, env.threads);
-                    (default_schedule(graph, &cpu), ScheduleSource::Default)
-                });
+            let cpu = variant.cpu_target(&arch, env.threads);
+            let mut picked = self.pick_schedule(name, graph, &key, &fingerprint, env, warn);
+            let exact = matches!(picked, Some((_, ScheduleSource::CacheExact { .. })));
+            if class == env.target.isa_class && env.mode == TuneMode::On && !exact {
+                if let Some(tuned) = self.tune_kernel(name, graph, &cpu, env, warn) {
+                    picked = Some(tuned);
+                }
+            }
+            let (schedule, source) =
+                picked.unwrap_or_else(|| (default_schedule(graph, &cpu), ScheduleSource::Default));
             let program = match lower(graph, &schedule) {
                 Ok(p) => p,
                 Err(e) => {
@@ -389,6 +407,133 @@ impl Builder {
             output,
         };
         (emit_module(graph, &variants, &meta), host_source, key)
+    }
+
+    /// Tunes one kernel on this machine within the budget (`HARL_TRIALS`, `HARL_TUNE_SECONDS`,
+    /// `HARL_SEED`, `HARL_STRATEGY`), appends the winner to the cache and says where it went.
+    /// The default schedule is measured too, so tuning never ships something slower.
+    #[cfg(feature = "tune")]
+    fn tune_kernel(
+        &self,
+        name: &str,
+        graph: &Graph,
+        cpu: &crate::default_schedule::CpuTarget,
+        env: &BuildEnv,
+        warn: &mut dyn FnMut(String),
+    ) -> Option<(Schedule, ScheduleSource)> {
+        use crate::cache::Record;
+        use crate::tune::{cost_model, measure, search, sketch, task_scheduler, tuner};
+        let var = |k: &str| std::env::var(k).ok();
+        let trials = var("HARL_TRIALS")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(64usize);
+        let seconds = var("HARL_TUNE_SECONDS")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(600u64);
+        let seed = var("HARL_SEED")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0u64);
+        let strategy_name = var("HARL_STRATEGY").unwrap_or_else(|| "ansor".into());
+        let Some(harl_path) = std::env::var_os("DEP_HARL_ROOT").map(PathBuf::from) else {
+            warn(format!("kernel `{name}`: cannot tune: the crate does not depend on `harl` directly (DEP_HARL_ROOT is unset)"));
+            return None;
+        };
+        let Some(mut strategy) = search::strategy_by_name(&strategy_name) else {
+            warn(format!("HARL_STRATEGY={strategy_name} is not a strategy (random, ansor, autotvm); not tuning `{name}`"));
+            return None;
+        };
+        let out_dir = self
+            .out_dir
+            .clone()
+            .or_else(|| std::env::var_os("OUT_DIR").map(PathBuf::from))?;
+        let mut config = measure::MeasureConfig::new(out_dir.join("harl-measure"), harl_path);
+        config.threads = env.threads;
+        config.seed = seed;
+        let mut measurer = match measure::Measurer::new(config) {
+            Ok(m) => m,
+            Err(e) => {
+                warn(format!("kernel `{name}`: cannot tune: {e}"));
+                return None;
+            }
+        };
+        let default = default_schedule(graph, cpu);
+        let default_latency =
+            tuner::Measure::measure(&mut measurer, graph, std::slice::from_ref(&default))
+                .into_iter()
+                .next()
+                .and_then(Result::ok);
+        let options = tuner::TuneOptions {
+            trials,
+            batch: 16,
+            time_budget: Some(std::time::Duration::from_secs(seconds)),
+            seed,
+        };
+        let mut scheduler = task_scheduler::RoundRobin::default();
+        let mut model = cost_model::XgbModel::with_seed(seed);
+        let task = sketch::Task::new(name.to_string(), graph.clone(), 1.0);
+        let result = tuner::tune(
+            vec![task],
+            cpu,
+            &options,
+            strategy.as_mut(),
+            &mut scheduler,
+            &mut model,
+            &mut measurer,
+        );
+        let tuned = result
+            .tasks
+            .first()
+            .and_then(tuner::best_candidate)
+            .map(|(c, l)| (c.schedule.clone(), l));
+        let (schedule, latency) = match (tuned, default_latency) {
+            (Some((s, l)), Some(d)) if l < d => (s, l),
+            (_, Some(d)) => (default, d),
+            (Some((s, l)), None) => (s, l),
+            (None, None) => {
+                warn(format!(
+                    "kernel `{name}`: every trial failed while tuning; using the default schedule"
+                ));
+                return None;
+            }
+        };
+        let record = Record::new(
+            graph.workload_key(),
+            name,
+            env.target.clone(),
+            schedule.clone(),
+            latency,
+            result.trials as u64,
+        );
+        match crate::cache::TuningCache::new(&env.cache_dir).append(&record) {
+            Ok(path) => warn(format!(
+                "tuned `{name}`: {} trials in {:.0} s, best {:.4} ms (default schedule {}); recorded in {} (commit it so your users get this kernel without tuning)",
+                result.trials,
+                result.wall_s,
+                latency * 1e3,
+                default_latency.map_or("failed".into(), |d| format!("{:.4} ms", d * 1e3)),
+                path.display()
+            )),
+            Err(e) => warn(format!("tuned `{name}` but could not record it: {e}")),
+        }
+        Some((
+            schedule,
+            ScheduleSource::Tuned {
+                latency_s: latency,
+                trials: result.trials,
+            },
+        ))
+    }
+
+    #[cfg(not(feature = "tune"))]
+    fn tune_kernel(
+        &self,
+        _: &str,
+        _: &Graph,
+        _: &crate::default_schedule::CpuTarget,
+        _: &BuildEnv,
+        _: &mut dyn FnMut(String),
+    ) -> Option<(Schedule, ScheduleSource)> {
+        None
     }
 
     /// The best valid cache record for one ISA class, if tuning records are in use.

@@ -714,31 +714,64 @@ mod tests {
         ));
     }
 
-    /// Timing on ~1000 schedule-sized rows: `cargo test --release -p harl-build -- --ignored
-    /// --nocapture xgb_timing`.
+    /// Timing on 1000 rows of [`FEATURE_LEN`](crate::tune::features::FEATURE_LEN) features:
+    /// `cargo test --release -p harl-build --lib -- --ignored --nocapture xgb_timing`.
     #[test]
     #[ignore]
     fn xgb_timing() {
-        let n_features = crate::tune::features::FEATURE_LEN;
-        let (x, y, g) = synthetic(1000, n_features, 17);
-        for (rounds, method) in [(60, "exact"), (60, "hist"), (200, "exact")] {
-            let mut m = XgbModel::new(XgbParams {
-                rounds,
-                tree_method: method.into(),
-                ..XgbParams::default()
-            });
-            let t0 = std::time::Instant::now();
-            m.train(&x, &y, &g).expect("trains");
-            let t1 = std::time::Instant::now();
-            let p = m.predict(&x).expect("predicts");
-            let t2 = std::time::Instant::now();
-            println!(
-                "{rounds} rounds {method}: train {:?}, predict {} rows {:?}, train acc {:.3}",
-                t1 - t0,
-                x.len(),
-                t2 - t1,
-                pairwise_accuracy_grouped(&p, &y, &g)
-            );
+        use crate::tune::features::{extract, FEATURE_LEN};
+        // Real feature vectors of random matmul tilings, a made-up throughput (timing only).
+        let programs = crate::tune::features::tests::random_matmul_programs(1000, 5);
+        let t0 = std::time::Instant::now();
+        let x: Vec<Vec<f32>> = programs.iter().map(|(_, p)| extract(p)).collect();
+        println!(
+            "feature extraction: {:?} per program",
+            t0.elapsed() / x.len() as u32
+        );
+        let g: Vec<usize> = programs.iter().map(|(t, _)| *t).collect();
+        let at = |name: &str| {
+            crate::tune::features::FEATURE_NAMES
+                .iter()
+                .position(|n| *n == name)
+                .expect("feature")
+        };
+        let (a, b, c) = (
+            at("stmt0.log_iters_l1_tile"),
+            at("stmt0.log_bytes_inner2"),
+            at("prog.vector_work_frac"),
+        );
+        let y: Vec<f64> = x
+            .iter()
+            .map(|r| (0.5 * r[a] as f64 - 0.3 * r[b] as f64 + 2.0 * r[c] as f64).exp2())
+            .collect();
+        let random = synthetic(1000, FEATURE_LEN, 17);
+        for (data, (x, y, g)) in [("schedules", (x, y, g)), ("random", random)] {
+            for (rounds, depth, method) in [
+                (60, 10, "exact"),
+                (60, 6, "exact"),
+                (100, 3, "exact"),
+                (60, 10, "hist"),
+            ] {
+                let mut m = XgbModel::new(XgbParams {
+                    rounds,
+                    max_depth: depth,
+                    tree_method: method.into(),
+                    ..XgbParams::default()
+                });
+                let t0 = std::time::Instant::now();
+                m.train(&x, &y, &g).expect("trains");
+                let t1 = std::time::Instant::now();
+                let p = m.predict(&x).expect("predicts");
+                let t2 = std::time::Instant::now();
+                println!(
+                    "{data}: {rounds} rounds depth {depth} {method}: train {:?}, predict {} rows \
+                     {:?}, train acc {:.3}",
+                    t1 - t0,
+                    x.len(),
+                    t2 - t1,
+                    pairwise_accuracy_grouped(&p, &y, &g)
+                );
+            }
         }
     }
 }

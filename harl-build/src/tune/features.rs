@@ -948,7 +948,7 @@ fn buffer_block(b: &Buffer<'_>) -> [f32; BUFFER_LEN] {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::lower::lower;
     use crate::schedule::{Schedule, Step};
@@ -988,6 +988,86 @@ mod tests {
                 Step::Vectorize { stage: 0, at: 5 },
             ],
         }
+    }
+
+    /// Random multi-level tilings of matmuls (sizes cycling through a few shapes, some with
+    /// non-dividing factors), lowered: schedule-like programs for tests and timings.
+    pub(crate) fn random_matmul_programs(n: usize, seed: u64) -> Vec<(usize, Program)> {
+        use crate::tune::rng::Rng;
+        let shapes = [(64, 64, 64), (128, 96, 256), (96, 200, 72), (256, 256, 256)];
+        let graphs: Vec<_> = shapes
+            .iter()
+            .map(|&(m, k, n)| workloads::matmul(m, k, n).expect("graph"))
+            .collect();
+        let mut rng = Rng::new(seed);
+        let mut out = Vec::new();
+        let factors = [1, 1, 2, 2, 4, 4, 8, 8, 16, 3, 5];
+        let pick = |rng: &mut Rng, cap: usize| -> usize {
+            let f = *rng.pick(&factors).unwrap_or(&1);
+            f.min(cap).max(1)
+        };
+        while out.len() < n {
+            let task = out.len() % graphs.len();
+            let g = &graphs[task];
+            let (m, k, nn) = shapes[task];
+            let (i1, i2) = (pick(&mut rng, m), pick(&mut rng, m));
+            let (j1, j2) = (pick(&mut rng, nn), pick(&mut rng, nn));
+            let k1 = pick(&mut rng, k);
+            // i0 i1 i2 j0 j1 j2 k0 k1
+            let mut steps = vec![
+                Step::Split {
+                    stage: 0,
+                    at: 0,
+                    factors: vec![i1, i2],
+                },
+                Step::Split {
+                    stage: 0,
+                    at: 3,
+                    factors: vec![j1, j2],
+                },
+                Step::Split {
+                    stage: 0,
+                    at: 6,
+                    factors: vec![k1],
+                },
+            ];
+            // Positions of i0.. in the new order; spatial loops are 0..6.
+            let order: Vec<usize> = if rng.chance(0.7) {
+                vec![0, 3, 1, 4, 6, 2, 7, 5]
+            } else {
+                let mut o: Vec<usize> = (0..8).collect();
+                for a in (1..8).rev() {
+                    o.swap(a, rng.below(a + 1));
+                }
+                o
+            };
+            steps.push(Step::Reorder {
+                stage: 0,
+                order: order.clone(),
+            });
+            if rng.chance(0.6) {
+                steps.push(Step::CacheWrite {
+                    stage: 0,
+                    at: rng.below(4),
+                });
+            }
+            if order[0] < 6 && rng.chance(0.7) {
+                steps.push(Step::Parallel { stage: 0, at: 0 });
+            }
+            if rng.chance(0.5) {
+                steps.push(Step::Unroll {
+                    stage: 0,
+                    at: 5 + rng.below(2),
+                });
+            }
+            if rng.chance(0.7) {
+                steps.push(Step::Vectorize { stage: 0, at: 7 });
+            }
+            if let Ok(p) = lower(g, &Schedule { steps }) {
+                out.push((task, p));
+            }
+        }
+        out
     }
 
     fn features(g: &harl_te::Graph, s: &Schedule) -> Vec<f32> {
@@ -1053,6 +1133,31 @@ mod tests {
 
     fn close(a: f32, b: f32) -> bool {
         (a - b).abs() < 1e-4
+    }
+
+    #[test]
+    fn random_schedules_give_distinct_finite_features() {
+        let programs = random_matmul_programs(300, 9);
+        let mut distinct_programs = Vec::new();
+        let mut distinct_features = Vec::new();
+        for (_, p) in &programs {
+            let v = extract(p);
+            assert_eq!(v.len(), FEATURE_LEN);
+            assert!(v.iter().all(|x| x.is_finite()));
+            if !distinct_programs.contains(&p.nests) {
+                distinct_programs.push(p.nests.clone());
+            }
+            if !distinct_features.contains(&v) {
+                distinct_features.push(v);
+            }
+        }
+        // Different loop nests almost always get different vectors.
+        assert!(
+            distinct_features.len() * 100 >= distinct_programs.len() * 95,
+            "{} feature vectors for {} programs",
+            distinct_features.len(),
+            distinct_programs.len()
+        );
     }
 
     #[test]
