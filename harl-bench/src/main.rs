@@ -9,6 +9,7 @@
 //! The kernels are registered in `build.rs` and built from the workspace's `tuning-cache/`
 //! (default schedules where it has no record).
 
+mod model_eval;
 mod peers;
 mod record;
 mod report;
@@ -36,6 +37,8 @@ usage: harl-bench [spine] [--json PATH]
   tune --workload W --strategy S --trials N --seed K --threads T --out DIR [--batch B]
                tune one workload (suite name or spec, see `list`) with random | ansor |
                autotvm; writes DIR/summary.json and DIR/curve.csv
+  model-eval FILES...
+               the cost model's ranking quality on held-out records.json rows vs random
   list         the tuning suite's workloads and the workload spec keys
   help         print this text";
 
@@ -48,6 +51,8 @@ enum Command {
     MatrixMultiplyWorker { workload: String, threads: usize },
     /// `tune --workload W --strategy S --trials N --seed K --threads T --out DIR`.
     Tune(tune::Options),
+    /// `model-eval FILES...`.
+    ModelEval(Vec<String>),
     /// `list` (or `--list`): the tuning suite and the spec keys.
     List,
     /// `record [--out DIR]`.
@@ -76,6 +81,7 @@ fn run(command: Command) -> Result<(), Error> {
         }
         Command::Record(options) => record::run(&options),
         Command::Tune(options) => tune::run(&options),
+        Command::ModelEval(files) => model_eval::run(&files),
         Command::List => {
             print!("{}", suite::list());
             Ok(())
@@ -96,6 +102,7 @@ fn parse(args: &[String]) -> Result<Command, Error> {
         "spine" => parse_spine(&args[1..]).map(Command::Spine),
         "help" | "-h" | "--help" => Ok(Command::Help),
         "list" | "--list" => Ok(Command::List),
+        "model-eval" => Ok(Command::ModelEval(args[1..].to_vec())),
         "tune" if args[1..].iter().any(|a| a == "--list") => Ok(Command::List),
         "tune" => tune::parse(&args[1..]).map(Command::Tune),
         "record" => match &args[1..] {

@@ -23,6 +23,26 @@
 //! included). The vector depends only on the program (deterministic, no hashing of addresses),
 //! and every value is finite.
 //!
+//! Glossary of the less obvious names:
+//!
+//! - `log_leaf_execs` / `log_trip`: executions of innermost statements (product of the
+//!   enclosing loop extents); `log_float_ops` counts an FMA as 2;
+//! - `log_int_*`: index arithmetic (in indices, fused-loop `Let`s and guards);
+//! - `write_invariant_innermost`: the innermost loop leaves the written element (or
+//!   accumulator slot) in place, i.e. it carries a reduction dependency; `n_write_invariant_loops`
+//!   counts such loops;
+//! - `log_iters_l1_tile` / `log_iters_l2_tile`: iterations of the largest suffix of the loop nest
+//!   (innermost loops) whose accesses touch at most 32 KiB / 1 MiB;
+//! - `log_bytes_innerK`: bytes touched by the innermost K loops (all accesses for a statement,
+//!   one buffer for a buffer block);
+//! - `stride_*`, `log_stride_inner`: flat-index stride (elements) along the innermost loop;
+//!   `log_stride_varying`: along the innermost loop that moves the access;
+//! - `log_reuse_ct`, `log_reuse_dist_iters`, `log_reuse_dist_bytes`: the innermost loop that leaves
+//!   the access invariant (its extent), the iterations inside it and the bytes they touch (Ansor's
+//!   reuse count and distance); 0 when every loop moves the access;
+//! - `log_reuse_ratio`: bytes accessed over unique bytes; `log_intensity_*`: float operations
+//!   per unique byte, per accessed byte, per byte of unique cache lines.
+//!
 //! Footprints come from interval analysis of the index expressions over the loop variables
 //! (split parts and fused-loop parts alike), clamped to the tensor's shape; strides from
 //! evaluating the flat index with one loop variable at 1. Guards (`If`) are ignored for trip
@@ -935,11 +955,11 @@ fn buffer_block(b: &Buffer<'_>) -> [f32; BUFFER_LEN] {
         flag(class == 2),
         lg(mag(a.stride_inner)),
         lg(mag(a.stride_varying)),
-        lg(at_inner(1)),
-        lg(at_inner(2)),
-        lg(at_inner(3)),
-        lg(at_inner(4)),
-        lg(at_inner(6)),
+        lg(at_inner(FOOTPRINT_LOOPS[0])),
+        lg(at_inner(FOOTPRINT_LOOPS[1])),
+        lg(at_inner(FOOTPRINT_LOOPS[2])),
+        lg(at_inner(FOOTPRINT_LOOPS[3])),
+        lg(at_inner(FOOTPRINT_LOOPS[4])),
         lg(a.lines[d.saturating_sub(1)]),
         lg(reuse_ct),
         lg(reuse_iters),
@@ -1219,8 +1239,10 @@ pub(crate) mod tests {
         assert!(close(get(&v, "buf1.log_bytes_inner1"), 129f32.log2()));
     }
 
-    /// Prints the features of the tiled matmul (`cargo test -- --nocapture dump`).
+    /// Prints the non-zero features of a naive and a tiled matmul
+    /// (`cargo test -p harl-build --lib -- --ignored --nocapture features::tests::dump`).
     #[test]
+    #[ignore]
     fn dump() {
         let g = matmul(64);
         for s in [Schedule::naive(), tiled()] {
