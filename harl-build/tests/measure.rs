@@ -1,6 +1,7 @@
 //! The measurer compiles candidates as they ship, runs each in its own process and labels every
 //! failure as one failed trial: a crash, a hang, a wrong result, a compile error, a schedule that
 //! does not lower. The good candidates of the same batch are still measured.
+#![cfg(feature = "tune")]
 //!
 //! All tests share one work dir (and so one target dir) under the workspace's `target/`, so
 //! harl and rayon compile in release once; builds serialise on the work dir's lock.

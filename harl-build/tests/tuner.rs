@@ -1,4 +1,5 @@
 //! The tuning loop is reproducible under a seed, spends its budget, and its curve only improves.
+#![cfg(feature = "tune")]
 
 use harl_build::codegen::Variant;
 use harl_build::schedule::Schedule;
