@@ -435,3 +435,24 @@ fn valid_cache_record_is_used() {
         run.harl_warnings().join("\n")
     );
 }
+
+#[test]
+fn a_crate_without_the_build_step_gets_an_error_saying_how_to_add_it() {
+    let dir = new_crate("harl_e2e_no_build_rs");
+    std::fs::remove_file(dir.path().join("build.rs")).expect("remove build.rs");
+    let run = Run::of(cargo_run(dir.path(), None));
+    assert!(
+        !run.success,
+        "built without its build step\n{}",
+        run.context()
+    );
+    assert!(
+        run.stderr
+            .contains("needs a build script that runs harl-build")
+            && run
+                .stderr
+                .contains("harl_build::Builder::new().scan_crate().compile()"),
+        "{}",
+        run.context()
+    );
+}

@@ -9,6 +9,7 @@
 //! The kernels are registered in `build.rs` and built from the workspace's `tuning-cache/`
 //! (default schedules where it has no record).
 
+mod compare;
 mod model_eval;
 mod peers;
 mod record;
@@ -37,6 +38,10 @@ usage: harl-bench [spine] [--json PATH]
   tune --workload W --strategy S --trials N --seed K --threads T --out DIR [--batch B]
                tune one workload (suite name or spec, see `list`) with random | ansor |
                autotvm; writes DIR/summary.json and DIR/curve.csv
+  compare --workload W --strategies harl,ansor,random --trials N --seeds 0,1,2 --out DIR
+               strategies on the same workload and seeds; compare.json, curves.csv, curves.svg
+  compare --network bert --schedulers harl,gradient --trials N --seeds 0 --out DIR
+               task allocation on one BERT-base encoder layer; network.json
   model-eval FILES...
                the cost model's ranking quality on held-out records.json rows vs random
   list         the tuning suite's workloads and the workload spec keys
@@ -51,6 +56,8 @@ enum Command {
     MatrixMultiplyWorker { workload: String, threads: usize },
     /// `tune --workload W --strategy S --trials N --seed K --threads T --out DIR`.
     Tune(tune::Options),
+    /// `compare ...`.
+    Compare(compare::Options),
     /// `model-eval FILES...`.
     ModelEval(Vec<String>),
     /// `list` (or `--list`): the tuning suite and the spec keys.
@@ -82,6 +89,7 @@ fn run(command: Command) -> Result<(), Error> {
         Command::Record(options) => record::run(&options),
         Command::Tune(options) => tune::run(&options),
         Command::ModelEval(files) => model_eval::run(&files),
+        Command::Compare(options) => compare::run(&options),
         Command::List => {
             print!("{}", suite::list());
             Ok(())
@@ -103,6 +111,7 @@ fn parse(args: &[String]) -> Result<Command, Error> {
         "help" | "-h" | "--help" => Ok(Command::Help),
         "list" | "--list" => Ok(Command::List),
         "model-eval" => Ok(Command::ModelEval(args[1..].to_vec())),
+        "compare" => compare::parse(&args[1..]).map(Command::Compare),
         "tune" if args[1..].iter().any(|a| a == "--list") => Ok(Command::List),
         "tune" => tune::parse(&args[1..]).map(Command::Tune),
         "record" => match &args[1..] {

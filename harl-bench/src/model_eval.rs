@@ -68,10 +68,11 @@ pub fn evaluate(files: &[impl AsRef<Path>], seed: u64) -> Result<Evaluation, Err
         };
         let n = tasks.len();
         let task = *tasks.entry(row.workload.clone()).or_insert(n);
-        if !graphs.contains_key(&task) {
-            graphs.insert(task, suite::build(&row.workload)?);
-        }
-        let program = lower(&graphs[&task], &row.schedule)?;
+        let graph = match graphs.entry(task) {
+            std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::btree_map::Entry::Vacant(e) => e.insert(suite::build(&row.workload)?),
+        };
+        let program = lower(graph, &row.schedule)?;
         let i = seen.entry(task).or_insert(0);
         let set = if *i % 3 == 2 { &mut test } else { &mut train };
         *i += 1;

@@ -94,38 +94,16 @@ pub fn run(o: &Options) -> Result<(), Error> {
     let workload = suite::resolve(&o.workload)?;
     let graph = suite::build(&workload.spec)?;
     let flops = graph.flops();
-    let mut strategy = strategy_by_name(&o.strategy)
-        .ok_or_else(|| format!("unknown strategy `{}` (random, ansor, autotvm)", o.strategy))?;
-    let mut scheduler = scheduler_by_name("gradient").ok_or("no gradient scheduler")?;
-    let mut model = XgbModel::with_seed(o.seed);
-    let mut config =
-        MeasureConfig::new(work_dir(), Path::new(env!("CARGO_MANIFEST_DIR")).join(".."));
-    config.threads = o.threads;
-    config.seed = o.seed;
-    config.timeout = Duration::from_secs(10);
-    let mut measurer = Measurer::new(config)?;
-    let host = TargetFingerprint::host();
-    let variant = Variant::ALL
-        .into_iter()
-        .find(|v| v.isa_class(&host.arch) == host.isa_class)
-        .unwrap_or(Variant::Base);
-    let target = variant.cpu_target(&host.arch, o.threads);
-    let options = TuneOptions {
-        trials: o.trials,
-        batch: o.batch,
-        time_budget: None,
-        seed: o.seed,
-    };
     let task = Task::new(workload.name.clone(), graph, 1.0);
-    let result = tune(
+    let result = run_tasks(
         vec![task],
-        &target,
-        &options,
-        strategy.as_mut(),
-        scheduler.as_mut(),
-        &mut model,
-        &mut measurer,
-    );
+        &o.strategy,
+        "gradient",
+        o.trials,
+        o.seed,
+        o.threads,
+        o.batch,
+    )?;
     let (peer, peer_gflops) = match suite::gemm_shape(&workload.spec) {
         Some((m, k, n)) => ("gemm", Some(gemm_gflops(Matmul { m, k, n }, o.threads)?)),
         None => ("none", None),
@@ -135,6 +113,50 @@ pub fn run(o: &Options) -> Result<(), Error> {
         ..o.clone()
     };
     write(&o, &workload.name, flops, &result, peer, peer_gflops)
+}
+
+/// Tunes `tasks` with the named strategy and task scheduler on this machine's variant.
+pub fn run_tasks(
+    tasks: Vec<Task>,
+    strategy: &str,
+    scheduler: &str,
+    trials: usize,
+    seed: u64,
+    threads: usize,
+    batch: usize,
+) -> Result<TuneResult, Error> {
+    let mut strategy = strategy_by_name(strategy, seed)
+        .ok_or_else(|| format!("unknown strategy `{strategy}` (harl, ansor, autotvm, random)"))?;
+    let mut scheduler = scheduler_by_name(scheduler)
+        .ok_or_else(|| format!("unknown task scheduler `{scheduler}`"))?;
+    let mut model = XgbModel::with_seed(seed);
+    let mut config =
+        MeasureConfig::new(work_dir(), Path::new(env!("CARGO_MANIFEST_DIR")).join(".."));
+    config.threads = threads;
+    config.seed = seed;
+    config.timeout = Duration::from_secs(10);
+    let mut measurer = Measurer::new(config)?;
+    let host = TargetFingerprint::host();
+    let variant = Variant::ALL
+        .into_iter()
+        .find(|v| v.isa_class(&host.arch) == host.isa_class)
+        .unwrap_or(Variant::Base);
+    let target = variant.cpu_target(&host.arch, threads);
+    let options = TuneOptions {
+        trials,
+        batch,
+        time_budget: None,
+        seed,
+    };
+    Ok(tune(
+        tasks,
+        &target,
+        &options,
+        strategy.as_mut(),
+        scheduler.as_mut(),
+        &mut model,
+        &mut measurer,
+    ))
 }
 
 fn gemm_gflops(mm: Matmul, threads: usize) -> Result<f64, Error> {

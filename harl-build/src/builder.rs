@@ -438,7 +438,7 @@ impl Builder {
             warn(format!("kernel `{name}`: cannot tune: the crate does not depend on `harl` directly (DEP_HARL_ROOT is unset)"));
             return None;
         };
-        let Some(mut strategy) = search::strategy_by_name(&strategy_name) else {
+        let Some(mut strategy) = search::strategy_by_name(&strategy_name, seed) else {
             warn(format!("HARL_STRATEGY={strategy_name} is not a strategy (random, ansor, autotvm); not tuning `{name}`"));
             return None;
         };

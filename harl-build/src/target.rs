@@ -209,8 +209,13 @@ mod tests {
     fn isa_classes() {
         let f = |names: &[&str]| names.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         assert_eq!(
-            isa_class_for("x86_64", &f(&["avx2", "fma", "avx512f"])),
+            isa_class_for("x86_64", &f(&["avx2", "fma", "avx512f", "avx512vl"])),
             "x86_64-avx512"
+        );
+        // The runtime's AVX-512 variant needs VL too: without it the class is AVX2.
+        assert_eq!(
+            isa_class_for("x86_64", &f(&["avx2", "fma", "avx512f"])),
+            "x86_64-avx2"
         );
         assert_eq!(isa_class_for("x86_64", &f(&["avx2", "fma"])), "x86_64-avx2");
         assert_eq!(isa_class_for("x86_64", &f(&["avx2"])), "x86_64-baseline");

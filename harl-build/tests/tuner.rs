@@ -31,7 +31,7 @@ impl Measure for FakeMeasurer {
 
 fn run(strategy: &str, seed: u64, trials: usize, tasks: Vec<Task>) -> TuneResult {
     let target = Variant::Avx512.cpu_target("x86_64", 2);
-    let mut strategy = strategy_by_name(strategy).expect("strategy");
+    let mut strategy = strategy_by_name(strategy, seed).expect("strategy");
     let mut scheduler = scheduler_by_name("gradient").expect("scheduler");
     let mut model = XgbModel::with_seed(seed);
     let options = TuneOptions {
@@ -72,7 +72,7 @@ fn chosen(r: &TuneResult) -> Vec<String> {
 
 #[test]
 fn same_seed_same_schedules_for_every_strategy() {
-    for strategy in ["random", "ansor", "autotvm"] {
+    for strategy in ["random", "ansor", "autotvm", "harl"] {
         let mk = || {
             vec![task(
                 "mm",

@@ -43,7 +43,16 @@ fn expand(attr: TokenStream2, f: &syn::ItemFn) -> syn::Result<TokenStream2> {
     let key = decl.graph.workload_key();
     let file = format!("kernel_{}_{key}.rs", decl.name);
     let name_span = f.sig.ident.span();
-    let Some(out_dir) = std::env::var_os("OUT_DIR") else {
+    // OUT_DIR can leak in from an outer cargo (a test that runs cargo); only this package's
+    // own build-script directory (`.../build/<package>-<hash>/out`) counts.
+    let own_out_dir = std::env::var_os("OUT_DIR").filter(|dir| {
+        let pkg = std::env::var("CARGO_PKG_NAME").unwrap_or_default();
+        std::path::Path::new(dir)
+            .parent()
+            .and_then(|p| p.file_name())
+            .is_some_and(|n| n.to_string_lossy().starts_with(&format!("{pkg}-")))
+    });
+    let Some(out_dir) = own_out_dir else {
         return Err(syn::Error::new(
             name_span,
             format!("`#[harl::kernel]` needs a build script that runs harl-build, and this crate has none; {SETUP}"),

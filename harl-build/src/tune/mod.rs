@@ -4,11 +4,15 @@
 //! Each concept is a module; strategies only see the space through [`sketch`] and the cost
 //! model through [`cost_model::CostModel`], so HARL's own search plugs in beside the baselines.
 
+pub mod bandit;
 pub mod cost_model;
 pub mod features;
+pub mod harl;
 pub mod measure;
+pub mod ppo;
 pub mod rng;
 pub mod search;
 pub mod sketch;
+pub mod stopping;
 pub mod task_scheduler;
 pub mod tuner;

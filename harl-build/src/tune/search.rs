@@ -152,9 +152,16 @@ pub trait SearchStrategy {
     ) -> Vec<Candidate>;
 }
 
-/// The strategy called `name`: `random`, `ansor` (evolutionary) or `autotvm` (annealing).
-pub fn strategy_by_name(name: &str) -> Option<Box<dyn SearchStrategy>> {
+/// The strategy called `name`: `harl` (hierarchical RL), `ansor` (evolutionary), `autotvm`
+/// (annealing) or `random`. `seed` seeds what a strategy initialises on its own (HARL's
+/// networks); every other random decision comes from the tuner's generator.
+pub fn strategy_by_name(name: &str, seed: u64) -> Option<Box<dyn SearchStrategy>> {
     match name {
+        "harl" => {
+            let mut config = crate::tune::harl::HarlConfig::default();
+            config.ppo.seed = seed;
+            Some(Box::new(crate::tune::harl::Harl::new(config)))
+        }
         "random" => Some(Box::new(RandomSearch)),
         "ansor" | "evolutionary" => Some(Box::new(Evolutionary::default())),
         "autotvm" | "annealing" => Some(Box::new(Annealing::default())),

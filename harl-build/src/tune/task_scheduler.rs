@@ -127,10 +127,12 @@ impl TaskScheduler for GradientScheduler {
     }
 }
 
-/// The scheduler called `name`: `gradient` or `round-robin`.
+/// The scheduler called `name`: `gradient` (Ansor), `harl` (sliding-window UCB) or
+/// `round-robin`.
 pub fn scheduler_by_name(name: &str) -> Option<Box<dyn TaskScheduler>> {
     match name {
         "gradient" => Some(Box::new(GradientScheduler::default())),
+        "harl" => Some(Box::new(crate::tune::bandit::SwUcbTaskScheduler::default())),
         "round-robin" | "roundrobin" => Some(Box::new(RoundRobin::default())),
         _ => None,
     }

@@ -1,0 +1,346 @@
+//! `harl-bench compare`: several strategies on the same workload and seeds, in one process.
+//!
+//! ```text
+//! harl-bench compare --workload W --strategies harl,ansor,random --trials N --seeds 0,1,2 --out DIR
+//! harl-bench compare --network bert --schedulers harl,gradient --trials N --seeds 0 --out DIR
+//! ```
+//! A workload run writes `DIR/compare.json` (per strategy, medians over seeds of the final
+//! GFLOP/s, of the trials and of the wall time at which it first reaches the baseline's final
+//! best; the baseline is `ansor` when it is in the list, else the first strategy),
+//! `DIR/curves.csv` and `DIR/curves.svg`. A network run tunes the tasks of one BERT-base
+//! encoder layer (sequence 128) with their weights under each task scheduler and writes the
+//! trial allocation per task to `DIR/network.json`.
+
+use crate::suite;
+use crate::tune::run_tasks;
+use crate::Error;
+use harl_build::tune::sketch::Task;
+use harl_build::tune::tuner::TuneResult;
+use serde_json::{json, Value};
+use std::path::PathBuf;
+
+/// Options of `compare`.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Suite name or spec (a workload run).
+    pub workload: Option<String>,
+    /// `bert` (a network run).
+    pub network: Option<String>,
+    /// Strategies of a workload run.
+    pub strategies: Vec<String>,
+    /// Task schedulers of a network run.
+    pub schedulers: Vec<String>,
+    /// Trials per run.
+    pub trials: usize,
+    /// Seeds.
+    pub seeds: Vec<u64>,
+    /// Threads.
+    pub threads: usize,
+    /// Candidates per round.
+    pub batch: usize,
+    /// Output directory.
+    pub out: PathBuf,
+}
+
+/// Parses the options of `compare`.
+pub fn parse(args: &[String]) -> Result<Options, Error> {
+    let mut o = Options {
+        workload: None,
+        network: None,
+        strategies: vec!["harl".into(), "ansor".into(), "random".into()],
+        schedulers: vec!["harl".into(), "gradient".into()],
+        trials: 200,
+        seeds: vec![0, 1, 2],
+        threads: 1,
+        batch: 16,
+        out: PathBuf::from("compare-out"),
+    };
+    let mut it = args.iter();
+    let list = |v: &str| {
+        v.split(',')
+            .filter(|s| !s.is_empty())
+            .map(String::from)
+            .collect::<Vec<_>>()
+    };
+    while let Some(flag) = it.next() {
+        let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        match flag.as_str() {
+            "--workload" => o.workload = Some(value.clone()),
+            "--network" => o.network = Some(value.clone()),
+            "--strategies" => o.strategies = list(value),
+            "--schedulers" => o.schedulers = list(value),
+            "--trials" => o.trials = value.parse()?,
+            "--seeds" => {
+                o.seeds = list(value)
+                    .iter()
+                    .map(|s| s.parse())
+                    .collect::<Result<_, _>>()?
+            }
+            "--threads" => o.threads = value.parse()?,
+            "--batch" => o.batch = value.parse()?,
+            "--out" => o.out = value.into(),
+            other => return Err(format!("compare: unknown argument `{other}`").into()),
+        }
+    }
+    if o.workload.is_none() == o.network.is_none() {
+        return Err("compare needs one of --workload W or --network bert".into());
+    }
+    if o.seeds.is_empty() || o.strategies.is_empty() || o.trials == 0 {
+        return Err("compare needs seeds, strategies and a positive --trials".into());
+    }
+    Ok(o)
+}
+
+/// Runs a comparison.
+pub fn run(o: &Options) -> Result<(), Error> {
+    std::fs::create_dir_all(&o.out)?;
+    match (&o.workload, &o.network) {
+        (Some(w), _) => compare_workload(o, w),
+        (_, Some(n)) if n == "bert" => compare_network(o),
+        (_, Some(n)) => Err(format!("unknown network `{n}` (bert)").into()),
+        _ => Err("nothing to compare".into()),
+    }
+}
+
+/// One run's best-so-far curve: (trial, best latency, elapsed seconds).
+type Curve = Vec<(usize, f64, f64)>;
+
+fn curve(r: &TuneResult) -> Curve {
+    r.curve
+        .iter()
+        .map(|p| (p.trial, p.best_latency_s, p.elapsed_s))
+        .collect()
+}
+
+fn median(mut xs: Vec<f64>) -> Option<f64> {
+    xs.retain(|x| !x.is_nan());
+    if xs.is_empty() {
+        return None;
+    }
+    xs.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    let m = xs[xs.len() / 2];
+    m.is_finite().then_some(m)
+}
+
+fn compare_workload(o: &Options, name: &str) -> Result<(), Error> {
+    let workload = suite::resolve(name)?;
+    let graph = suite::build(&workload.spec)?;
+    let flops = graph.flops();
+    let baseline = if o.strategies.iter().any(|s| s == "ansor") {
+        "ansor".to_string()
+    } else {
+        o.strategies[0].clone()
+    };
+    // curves[strategy][seed]
+    let mut curves: Vec<Vec<Curve>> = Vec::new();
+    for strategy in &o.strategies {
+        let mut per_seed = Vec::new();
+        for &seed in &o.seeds {
+            let task = Task::new(workload.name.clone(), graph.clone(), 1.0);
+            let r = run_tasks(
+                vec![task],
+                strategy,
+                "gradient",
+                o.trials,
+                seed,
+                o.threads,
+                o.batch,
+            )?;
+            let c = curve(&r);
+            println!(
+                "{} {strategy} seed {seed}: {} trials in {:.1} s, best {}",
+                workload.name,
+                r.trials,
+                r.wall_s,
+                c.last().map_or("none".into(), |p| format!(
+                    "{:.1} GFLOP/s",
+                    flops / p.1 / 1e9
+                ))
+            );
+            per_seed.push(c);
+        }
+        curves.push(per_seed);
+    }
+    let bi = o
+        .strategies
+        .iter()
+        .position(|s| *s == baseline)
+        .unwrap_or(0);
+    let baseline_best: Vec<Option<f64>> =
+        curves[bi].iter().map(|c| c.last().map(|p| p.1)).collect();
+    let mut strategies = serde_json::Map::new();
+    for (s, name) in o.strategies.iter().enumerate() {
+        let mut finals = Vec::new();
+        let mut reach_trials = Vec::new();
+        let mut reach_wall = Vec::new();
+        let mut per_seed = Vec::new();
+        for (k, c) in curves[s].iter().enumerate() {
+            let fin = c.last().map(|p| flops / p.1 / 1e9);
+            let reach = baseline_best[k].and_then(|b| c.iter().find(|p| p.1 <= b));
+            finals.push(fin.unwrap_or(f64::NAN));
+            reach_trials.push(reach.map_or(f64::INFINITY, |p| p.0 as f64));
+            reach_wall.push(reach.map_or(f64::INFINITY, |p| p.2));
+            per_seed.push(json!({
+                "seed": o.seeds[k],
+                "final_gflops": fin,
+                "trials_to_reach_baseline": reach.map(|p| p.0),
+                "wall_s_to_reach_baseline": reach.map(|p| p.2),
+            }));
+        }
+        strategies.insert(
+            name.clone(),
+            json!({
+                "final_gflops": median(finals),
+                "trials_to_reach_baseline": median(reach_trials),
+                "wall_s_to_reach_baseline": median(reach_wall),
+                "per_seed": per_seed,
+            }),
+        );
+    }
+    let report = json!({
+        "workload": workload.name,
+        "spec": workload.spec,
+        "trials": o.trials,
+        "seeds": o.seeds,
+        "threads": o.threads,
+        "baseline": baseline,
+        "strategies": Value::Object(strategies),
+    });
+    std::fs::write(
+        o.out.join("compare.json"),
+        serde_json::to_string_pretty(&report)? + "\n",
+    )?;
+    let mut csv = String::from("strategy,seed,trial,best_latency_s,elapsed_s\n");
+    for (s, name) in o.strategies.iter().enumerate() {
+        for (k, c) in curves[s].iter().enumerate() {
+            for p in c {
+                csv.push_str(&format!(
+                    "{name},{},{},{:e},{:.3}\n",
+                    o.seeds[k], p.0, p.1, p.2
+                ));
+            }
+        }
+    }
+    std::fs::write(o.out.join("curves.csv"), csv)?;
+    plot(o, &workload.name, flops, &curves)?;
+    println!("{}", serde_json::to_string_pretty(&report["strategies"])?);
+    Ok(())
+}
+
+/// Median best-so-far GFLOP/s per trial over seeds, one line per strategy.
+fn plot(o: &Options, title: &str, flops: f64, curves: &[Vec<Curve>]) -> Result<(), Error> {
+    use plotters::prelude::*;
+    let path = o.out.join("curves.svg");
+    let root = SVGBackend::new(&path, (900, 540)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let lines: Vec<Vec<(f64, f64)>> = curves
+        .iter()
+        .map(|per_seed| {
+            (1..=o.trials)
+                .filter_map(|t| {
+                    let at: Vec<f64> = per_seed
+                        .iter()
+                        .filter_map(|c| {
+                            c.iter()
+                                .take_while(|p| p.0 <= t)
+                                .last()
+                                .map(|p| flops / p.1 / 1e9)
+                        })
+                        .collect();
+                    (at.len() == per_seed.len())
+                        .then(|| median(at).map(|m| (t as f64, m)))
+                        .flatten()
+                })
+                .collect()
+        })
+        .collect();
+    let top = lines.iter().flatten().map(|p| p.1).fold(1.0f64, f64::max) * 1.1;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!(
+                "{title}: best-so-far GFLOP/s (median of {} seeds)",
+                o.seeds.len()
+            ),
+            ("sans-serif", 20),
+        )
+        .margin(12)
+        .x_label_area_size(36)
+        .y_label_area_size(52)
+        .build_cartesian_2d(0f64..o.trials as f64, 0f64..top)?;
+    chart
+        .configure_mesh()
+        .x_desc("trials")
+        .y_desc("GFLOP/s")
+        .draw()?;
+    let colors = [RED, BLUE, GREEN, MAGENTA, CYAN, BLACK];
+    for (s, line) in lines.into_iter().enumerate() {
+        let color = colors[s % colors.len()];
+        chart
+            .draw_series(LineSeries::new(line, color.stroke_width(2)))?
+            .label(o.strategies[s].clone())
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+            });
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
+
+/// The tasks of one BERT-base encoder layer at sequence length 128, with their weights.
+pub fn bert_layer() -> Result<Vec<Task>, Error> {
+    let specs: [(&str, &str, f64); 8] = [
+        ("qkv_proj", "matmul:m=128,k=768,n=768", 3.0),
+        ("attn_scores", "batch_matmul:b=12,m=128,k=64,n=128", 1.0),
+        ("attn_softmax", "softmax:rows=1536,cols=128", 1.0),
+        ("attn_context", "batch_matmul:b=12,m=128,k=128,n=64", 1.0),
+        ("out_proj", "matmul:m=128,k=768,n=768", 1.0),
+        ("ffn_gelu", "dense:m=128,k=768,n=3072", 1.0),
+        ("ffn_out", "matmul:m=128,k=3072,n=768", 1.0),
+        ("layer_norm", "layer_norm:rows=128,cols=768", 2.0),
+    ];
+    specs
+        .iter()
+        .map(|(name, spec, w)| Ok(Task::new(name.to_string(), suite::build(spec)?, *w)))
+        .collect()
+}
+
+fn compare_network(o: &Options) -> Result<(), Error> {
+    let mut runs = serde_json::Map::new();
+    for scheduler in &o.schedulers {
+        let strategy = if scheduler == "harl" { "harl" } else { "ansor" };
+        let mut per_seed = Vec::new();
+        for &seed in &o.seeds {
+            let tasks = bert_layer()?;
+            let names: Vec<String> = tasks.iter().map(|t| t.name.clone()).collect();
+            let r = run_tasks(
+                tasks, strategy, scheduler, o.trials, seed, o.threads, o.batch,
+            )?;
+            let best = r.curve.last().map(|p| p.best_latency_s);
+            println!(
+                "bert layer, scheduler {scheduler} + {strategy}, seed {seed}: {} trials in {:.1} s, weighted latency {}",
+                r.trials,
+                r.wall_s,
+                best.map_or("none".into(), |l| format!("{:.3} ms", l * 1e3))
+            );
+            let allocation: serde_json::Map<String, Value> = names
+                .into_iter()
+                .zip(&r.allocation)
+                .map(|(n, a)| (n, json!(a)))
+                .collect();
+            per_seed.push(json!({ "seed": seed, "weighted_latency_s": best, "allocation": allocation, "wall_s": r.wall_s }));
+        }
+        runs.insert(format!("{scheduler}+{strategy}"), Value::Array(per_seed));
+    }
+    let report = json!({ "network": "bert-base encoder layer, seq 128", "trials": o.trials, "runs": Value::Object(runs) });
+    std::fs::write(
+        o.out.join("network.json"),
+        serde_json::to_string_pretty(&report)? + "\n",
+    )?;
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(())
+}

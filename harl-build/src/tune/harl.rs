@@ -1,0 +1,441 @@
+//! HARL's search for one task (the paper's sections 4-5, Algorithm 1), as a [`SearchStrategy`].
+//!
+//! Each round: the sketch bandit (sliding-window UCB, window 256, c = 0.25, reward the best
+//! normalised performance in the window) picks a sketch; an episode of `tracks` schedule tracks
+//! starts from random fillings of it; at every step the PPO actor picks one action per
+//! sub-space (a tile move, compute-at ±1, parallel ±1, unroll ±1, vector ±1, each with a
+//! no-op) for every live track; the reward is the relative change of the cost model's score;
+//! the advantage `r + γ V(s') - V(s)` drives adaptive stopping (window λ = 20, ratio ρ = 0.5),
+//! and the episode ends when fewer than `min_tracks` tracks remain. Then the agent trains on
+//! the episode's transitions and the top-K visited schedules by predicted score are proposed
+//! for measurement. The agent of each (task, sketch) keeps its weights across rounds.
+//!
+//! Deviation, stated: XGBoost rank scores can be zero or negative, so the relative change is
+//! taken against `max(|C(s)|, σ)` with σ the spread of the episode's initial scores, and clipped
+//! to [-1, 1].
+
+use crate::tune::bandit::{Aggregate, SlidingWindowUcb};
+use crate::tune::cost_model::CostModel;
+use crate::tune::ppo::{ActionSpace, Agent, PpoConfig, Transition};
+use crate::tune::rng::Rng;
+use crate::tune::search::{Candidate, SearchStrategy, TaskState};
+use crate::tune::sketch::{Params, Sketch};
+use crate::tune::stopping::AdaptiveStopping;
+use std::collections::{HashMap, HashSet};
+
+/// HARL's parameters (defaults: the paper's section 6.2 where it gives them).
+#[derive(Clone, Debug)]
+pub struct HarlConfig {
+    /// Schedule tracks per episode (I).
+    pub tracks: usize,
+    /// Longest episode, in steps.
+    pub max_steps: usize,
+    /// The episode ends when fewer tracks than this remain.
+    pub min_tracks: usize,
+    /// Adaptive stopping window (λ).
+    pub stop_window: usize,
+    /// Adaptive stopping elimination ratio (ρ).
+    pub stop_ratio: f64,
+    /// Sketch bandit window.
+    pub sketch_window: usize,
+    /// Sketch bandit exploration constant (c).
+    pub sketch_c: f64,
+    /// Fraction of each batch measured at random, as the baselines do (0 disables).
+    pub eps_greedy: f64,
+    /// The parameter agent's PPO settings.
+    pub ppo: PpoConfig,
+}
+
+impl Default for HarlConfig {
+    fn default() -> Self {
+        HarlConfig {
+            tracks: 32,
+            max_steps: 60,
+            min_tracks: 4,
+            stop_window: 20,
+            stop_ratio: 0.5,
+            sketch_window: 256,
+            sketch_c: 0.25,
+            eps_greedy: 0.05,
+            ppo: PpoConfig::default(),
+        }
+    }
+}
+
+/// How a sketch's actions map to the agent's heads, and its state encoding.
+struct Layout {
+    /// (axis, from level, to level) of each tile-move action (action `i + 1`).
+    tile_moves: Vec<(usize, usize, usize)>,
+    /// Levels per tiled axis and the axis extent.
+    axes: Vec<(usize, usize)>,
+    compute_at: usize,
+    parallel: usize,
+    unroll: usize,
+    vector: usize,
+}
+
+impl Layout {
+    fn new(sketch: &Sketch) -> Layout {
+        let k = sketch.knobs();
+        let mut tile_moves = Vec::new();
+        for (a, &(_, levels)) in k.tiled_axes.iter().enumerate() {
+            for from in 0..levels {
+                for to in 0..levels {
+                    if from != to {
+                        tile_moves.push((a, from, to));
+                    }
+                }
+            }
+        }
+        Layout {
+            tile_moves,
+            axes: k.tiled_axes.iter().map(|&(e, l)| (e, l)).collect(),
+            compute_at: k.compute_at_choices,
+            parallel: k.parallel_max,
+            unroll: k.unroll_choices,
+            vector: k.vector_choices,
+        }
+    }
+
+    fn space(&self) -> ActionSpace {
+        ActionSpace {
+            heads: vec![1 + self.tile_moves.len(), 3, 3, 3, 3],
+        }
+    }
+
+    fn state_dim(&self) -> usize {
+        self.axes.iter().map(|&(_, l)| l).sum::<usize>() + 5
+    }
+
+    /// Normalised features of a parameter set and its score.
+    fn encode(&self, p: &Params, score: f64) -> Vec<f32> {
+        let mut v = Vec::with_capacity(self.state_dim());
+        for (a, &(extent, levels)) in self.axes.iter().enumerate() {
+            let inner = p.tiles.get(a).cloned().unwrap_or_default();
+            let prod: usize = inner.iter().product::<usize>().max(1);
+            let outer = extent.div_ceil(prod);
+            let denom = (extent as f32).log2().max(1.0);
+            v.push((outer as f32).log2() / denom);
+            for l in 0..levels.saturating_sub(1) {
+                v.push((inner.get(l).copied().unwrap_or(1) as f32).log2() / denom);
+            }
+        }
+        let frac = |x: usize, n: usize| {
+            if n > 1 {
+                x as f32 / (n - 1) as f32
+            } else {
+                0.0
+            }
+        };
+        v.push(frac(p.compute_at, self.compute_at));
+        v.push(if self.parallel > 0 {
+            p.parallel as f32 / self.parallel as f32
+        } else {
+            0.0
+        });
+        v.push(frac(p.unroll, self.unroll));
+        v.push(frac(p.vector, self.vector));
+        v.push(score.tanh() as f32);
+        v
+    }
+
+    /// Applies one action per head, each only if legal (an illegal move is a no-op).
+    fn apply(&self, sketch: &Sketch, p: &Params, action: &[usize]) -> Params {
+        let delta = |a: usize| match a {
+            1 => -1,
+            2 => 1,
+            _ => 0,
+        };
+        let mut q = p.clone();
+        if let Some(&(axis, from, to)) = action
+            .first()
+            .and_then(|&a| a.checked_sub(1))
+            .and_then(|i| self.tile_moves.get(i))
+        {
+            if let Some(n) = sketch.tile_move(&q, axis, from, to) {
+                q = n;
+            }
+        }
+        type Step = fn(&Sketch, &Params, i32) -> Option<Params>;
+        let steps: [Step; 4] = [
+            Sketch::step_compute_at,
+            Sketch::step_parallel,
+            Sketch::step_unroll,
+            Sketch::step_vector,
+        ];
+        for (h, step) in steps.iter().enumerate() {
+            let d = delta(action.get(h + 1).copied().unwrap_or(0));
+            if d != 0 {
+                if let Some(n) = step(sketch, &q, d) {
+                    q = n;
+                }
+            }
+        }
+        q
+    }
+}
+
+struct SketchAgent {
+    agent: Agent,
+    layout: Layout,
+}
+
+struct TaskMemory {
+    bandit: SlidingWindowUcb,
+    agents: HashMap<usize, SketchAgent>,
+    /// Trials of the task already fed to the bandit.
+    fed: usize,
+}
+
+/// HARL's hierarchical search (one strategy among the others).
+pub struct Harl {
+    config: HarlConfig,
+    tasks: HashMap<String, TaskMemory>,
+}
+
+impl Harl {
+    /// A HARL search with these parameters.
+    pub fn new(config: HarlConfig) -> Self {
+        Harl {
+            config,
+            tasks: HashMap::new(),
+        }
+    }
+}
+
+impl Default for Harl {
+    fn default() -> Self {
+        Harl::new(HarlConfig::default())
+    }
+}
+
+struct Track {
+    cand: Candidate,
+    score: f64,
+    transitions: Vec<Transition>,
+}
+
+impl SearchStrategy for Harl {
+    fn name(&self) -> &'static str {
+        "harl"
+    }
+
+    fn propose(
+        &mut self,
+        state: &TaskState,
+        model: &dyn CostModel,
+        batch: usize,
+        rng: &mut Rng,
+    ) -> Vec<Candidate> {
+        if state.sketches.is_empty() {
+            return Vec::new();
+        }
+        let cfg = self.config.clone();
+        let key = state.task.graph.workload_key();
+        let mem = self.tasks.entry(key).or_insert_with(|| TaskMemory {
+            bandit: SlidingWindowUcb::new(
+                state.sketches.len(),
+                cfg.sketch_window,
+                cfg.sketch_c,
+                Aggregate::Mean,
+            ),
+            agents: HashMap::new(),
+            fed: 0,
+        });
+        feed_bandit(mem, state);
+        let u = mem.bandit.select(rng).min(state.sketches.len() - 1);
+        let sketch = &state.sketches[u];
+        let sa = mem.agents.entry(u).or_insert_with(|| {
+            let layout = Layout::new(sketch);
+            let ppo = PpoConfig {
+                seed: cfg.ppo.seed ^ (u as u64).wrapping_mul(0x9e37_79b9),
+                ..cfg.ppo.clone()
+            };
+            SketchAgent {
+                agent: Agent::new(layout.state_dim(), layout.space(), ppo),
+                layout,
+            }
+        });
+        let mut visited: Vec<(f64, Candidate)> = Vec::new();
+        let mut seen: HashSet<Params> = HashSet::new();
+        // Phase 1: an episode of parameter modifications.
+        let mut tracks: Vec<Track> = Vec::new();
+        for _ in 0..cfg.tracks * 4 {
+            if tracks.len() >= cfg.tracks {
+                break;
+            }
+            let p = sketch.sample(u, rng);
+            if let Some(c) = state.candidate(p) {
+                tracks.push(Track {
+                    cand: c,
+                    score: 0.0,
+                    transitions: Vec::new(),
+                });
+            }
+        }
+        if tracks.is_empty() {
+            return Vec::new();
+        }
+        let initial = predict(model, tracks.iter().map(|t| &t.cand));
+        let scale = spread(&initial).max(1e-6);
+        for (t, s) in tracks.iter_mut().zip(&initial) {
+            t.score = *s;
+            if seen.insert(t.cand.params.clone()) {
+                visited.push((*s, t.cand.clone()));
+            }
+        }
+        let mut stopping = AdaptiveStopping::new(
+            cfg.stop_window,
+            cfg.stop_ratio,
+            cfg.min_tracks.min(tracks.len()),
+            tracks.len(),
+        );
+        let encode = |t: &Track| sa.layout.encode(&t.cand.params, t.score / scale);
+        let mut alive: Vec<usize> = (0..tracks.len()).collect();
+        let mut pending = sa.agent.act_batch(
+            &alive
+                .iter()
+                .map(|&i| encode(&tracks[i]))
+                .collect::<Vec<_>>(),
+            rng,
+        );
+        for _ in 0..cfg.max_steps {
+            if alive.is_empty() || stopping.episode_done() {
+                break;
+            }
+            let before: Vec<Vec<f32>> = alive.iter().map(|&i| encode(&tracks[i])).collect();
+            let next: Vec<Candidate> = alive
+                .iter()
+                .zip(&pending)
+                .map(|(&i, (action, _, _))| {
+                    let q = sa.layout.apply(sketch, &tracks[i].cand.params, action);
+                    state.candidate(q).unwrap_or_else(|| tracks[i].cand.clone())
+                })
+                .collect();
+            let scores = predict(model, next.iter());
+            let mut rewards = Vec::with_capacity(alive.len());
+            for ((&i, c), s) in alive.iter().zip(next).zip(&scores) {
+                let old = tracks[i].score;
+                rewards.push((((s - old) / old.abs().max(scale)).clamp(-1.0, 1.0)) as f32);
+                tracks[i].cand = c;
+                tracks[i].score = *s;
+                if seen.insert(tracks[i].cand.params.clone()) {
+                    visited.push((*s, tracks[i].cand.clone()));
+                }
+            }
+            let after: Vec<Vec<f32>> = alive.iter().map(|&i| encode(&tracks[i])).collect();
+            let following = sa.agent.act_batch(&after, rng);
+            for (k, &i) in alive.iter().enumerate() {
+                let (action, log_prob, value) = pending[k].clone();
+                let advantage = rewards[k] + cfg.ppo.gamma as f32 * following[k].2 - value;
+                stopping.observe(i, advantage as f64);
+                tracks[i].transitions.push(Transition {
+                    state: before[k].clone(),
+                    action,
+                    log_prob,
+                    value,
+                    reward: rewards[k],
+                    done: false,
+                });
+            }
+            let stopped: HashSet<usize> = stopping.eliminate().into_iter().collect();
+            let mut keep = Vec::new();
+            let mut keep_pending = Vec::new();
+            for (k, &i) in alive.iter().enumerate() {
+                if stopped.contains(&i) {
+                    if let Some(last) = tracks[i].transitions.last_mut() {
+                        last.done = true;
+                    }
+                } else {
+                    keep.push(i);
+                    keep_pending.push(following[k].clone());
+                }
+            }
+            alive = keep;
+            pending = keep_pending;
+        }
+        for &i in &alive {
+            if let Some(last) = tracks[i].transitions.last_mut() {
+                last.done = true;
+            }
+        }
+        let trajectories: Vec<Vec<Transition>> = tracks
+            .into_iter()
+            .map(|t| t.transitions)
+            .filter(|t| !t.is_empty())
+            .collect();
+        if !trajectories.is_empty() {
+            sa.agent.train(&trajectories);
+        }
+        // Phase 2: the top-K visited schedules by predicted score, not measured before.
+        visited.sort_by(|a, b| b.0.partial_cmp(&a.0).unwrap_or(std::cmp::Ordering::Equal));
+        let n_random = ((batch as f64) * cfg.eps_greedy).round() as usize;
+        let mut out = Vec::new();
+        let mut chosen = HashSet::new();
+        for (_, c) in visited {
+            if out.len() + n_random >= batch {
+                break;
+            }
+            if !state.is_measured(&c.params) && chosen.insert(c.params.clone()) {
+                out.push(c);
+            }
+        }
+        for _ in 0..batch * 8 {
+            if out.len() >= batch {
+                break;
+            }
+            if let Some(c) = state.sample(rng) {
+                if !state.is_measured(&c.params) && chosen.insert(c.params.clone()) {
+                    out.push(c);
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Feeds the bandit every trial measured since the last round. The paper's reward for a
+/// sketch is its normalised maximal performance until that step, averaged over the window:
+/// here the task's best latency over the best latency the sketch has reached so far (1 = the
+/// sketch holds the task's best; 0 while it has no successful trial).
+fn feed_bandit(mem: &mut TaskMemory, state: &TaskState) {
+    let Some(task_best) = state.best_latency() else {
+        for t in &state.trials[mem.fed.min(state.trials.len())..] {
+            mem.bandit.update(t.candidate.params.sketch, 0.0);
+        }
+        mem.fed = state.trials.len();
+        return;
+    };
+    let mut sketch_best: HashMap<usize, f64> = HashMap::new();
+    for (i, t) in state.trials.iter().enumerate() {
+        let arm = t.candidate.params.sketch;
+        if let Some(l) = t.latency_s {
+            let b = sketch_best.entry(arm).or_insert(f64::INFINITY);
+            *b = b.min(l);
+        }
+        if i >= mem.fed {
+            let reward = sketch_best
+                .get(&arm)
+                .map_or(0.0, |b| (task_best / b).min(1.0));
+            mem.bandit.update(arm, reward);
+        }
+    }
+    mem.fed = state.trials.len();
+}
+
+fn predict<'a>(model: &dyn CostModel, cands: impl Iterator<Item = &'a Candidate>) -> Vec<f64> {
+    let feats: Vec<Vec<f32>> = cands.map(|c| c.features.clone()).collect();
+    match model.predict(&feats) {
+        Ok(s) if s.len() == feats.len() => s
+            .into_iter()
+            .map(|x| if x.is_finite() { x } else { 0.0 })
+            .collect(),
+        _ => vec![0.0; feats.len()],
+    }
+}
+
+fn spread(xs: &[f64]) -> f64 {
+    let n = xs.len().max(1) as f64;
+    let mean = xs.iter().sum::<f64>() / n;
+    (xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n).sqrt()
+}
