@@ -18,7 +18,7 @@ use crate::tune::bandit::{Aggregate, SlidingWindowUcb};
 use crate::tune::cost_model::CostModel;
 use crate::tune::ppo::{ActionSpace, Agent, PpoConfig, Transition};
 use crate::tune::rng::Rng;
-use crate::tune::search::{Candidate, SearchStrategy, TaskState};
+use crate::tune::search::{epsilon_greedy, Candidate, SearchStrategy, TaskState};
 use crate::tune::sketch::{Params, Sketch};
 use crate::tune::stopping::AdaptiveStopping;
 use std::collections::{HashMap, HashSet};
@@ -369,28 +369,8 @@ impl SearchStrategy for Harl {
         }
         // Phase 2: the top-K visited schedules by predicted score, not measured before.
         visited.sort_by(|a, b| b.0.partial_cmp(&a.0).unwrap_or(std::cmp::Ordering::Equal));
-        let n_random = ((batch as f64) * cfg.eps_greedy).round() as usize;
-        let mut out = Vec::new();
-        let mut chosen = HashSet::new();
-        for (_, c) in visited {
-            if out.len() + n_random >= batch {
-                break;
-            }
-            if !state.is_measured(&c.params) && chosen.insert(c.params.clone()) {
-                out.push(c);
-            }
-        }
-        for _ in 0..batch * 8 {
-            if out.len() >= batch {
-                break;
-            }
-            if let Some(c) = state.sample(rng) {
-                if !state.is_measured(&c.params) && chosen.insert(c.params.clone()) {
-                    out.push(c);
-                }
-            }
-        }
-        out
+        let pool = visited.into_iter().map(|(_, c)| c).collect();
+        epsilon_greedy(state, pool, batch, cfg.eps_greedy, rng)
     }
 }
 

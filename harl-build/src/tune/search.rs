@@ -190,17 +190,7 @@ impl SearchStrategy for RandomSearch {
         batch: usize,
         rng: &mut Rng,
     ) -> Vec<Candidate> {
-        let mut out = Vec::new();
-        let mut seen = HashSet::new();
-        for _ in 0..batch * 8 {
-            if out.len() >= batch {
-                break;
-            }
-            if let Some(c) = state.sample(rng) {
-                push_new(state, &mut out, &mut seen, c);
-            }
-        }
-        out
+        epsilon_greedy(state, Vec::new(), batch, 1.0, rng)
     }
 }
 
@@ -216,8 +206,9 @@ fn scores(model: &dyn CostModel, cands: &[Candidate]) -> Vec<f64> {
     }
 }
 
-/// Picks `batch` of `pool` (sorted best first) with epsilon-greedy random picks, as Ansor does.
-fn epsilon_greedy(
+/// Picks `batch` of `pool` (sorted best first) with epsilon-greedy random picks, as Ansor does
+/// (`eps` = 1 is pure random sampling).
+pub(crate) fn epsilon_greedy(
     state: &TaskState,
     pool: Vec<Candidate>,
     batch: usize,
