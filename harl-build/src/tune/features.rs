@@ -1239,23 +1239,6 @@ pub(crate) mod tests {
         assert!(close(get(&v, "buf1.log_bytes_inner1"), 129f32.log2()));
     }
 
-    /// Prints the non-zero features of a naive and a tiled matmul
-    /// (`cargo test -p harl-build --lib -- --ignored --nocapture features::tests::dump`).
-    #[test]
-    #[ignore]
-    fn dump() {
-        let g = matmul(64);
-        for s in [Schedule::naive(), tiled()] {
-            let v = features(&g, &s);
-            for (n, x) in FEATURE_NAMES.iter().zip(&v) {
-                if *x != 0.0 {
-                    println!("{n:40} {x:.3}");
-                }
-            }
-            println!("---");
-        }
-    }
-
     #[test]
     fn deterministic() {
         let g = workloads::dense_bias_relu(48, 32, 64).expect("graph");
