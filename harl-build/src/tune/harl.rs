@@ -10,7 +10,9 @@
 //! the episode's transitions and the top-K visited schedules by predicted score are proposed
 //! for measurement. The agent of each (task, sketch) keeps its weights across rounds.
 //!
-//! Deviation, stated: XGBoost rank scores can be zero or negative, so the relative change is
+//! Deviations, stated: a quarter of an episode's tracks start from the sketch's best measured
+//! schedules rather than random fillings (without them HARL lost to Ansor's evolutionary search,
+//! which keeps its best in the population, on conv1d at 200 trials). XGBoost rank scores can be zero or negative, so the relative change is
 //! taken against `max(|C(s)|, σ)` with σ the spread of the episode's initial scores, and clipped
 //! to [-1, 1].
 
@@ -260,6 +262,21 @@ impl SearchStrategy for Harl {
         let mut seen: HashSet<Params> = HashSet::new();
         // Phase 1: an episode of parameter modifications.
         let mut tracks: Vec<Track> = Vec::new();
+        // A quarter of the tracks start from the sketch's best measured schedules (the rest from
+        // random fillings, as the paper's): without them every episode restarts from scratch.
+        let elite = state
+            .top_measured(cfg.tracks)
+            .into_iter()
+            .filter(|p| p.sketch == u)
+            .take(cfg.tracks / 4)
+            .filter_map(|p| state.candidate(p));
+        for c in elite {
+            tracks.push(Track {
+                cand: c,
+                score: 0.0,
+                transitions: Vec::new(),
+            });
+        }
         for _ in 0..cfg.tracks * 4 {
             if tracks.len() >= cfg.tracks {
                 break;
