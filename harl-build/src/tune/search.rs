@@ -194,6 +194,27 @@ impl SearchStrategy for RandomSearch {
     }
 }
 
+/// Up to `n_best` of the best measured schedules, then random samples, `size` in all.
+fn seeded_population(
+    state: &TaskState,
+    n_best: usize,
+    size: usize,
+    rng: &mut Rng,
+) -> Vec<Candidate> {
+    let mut pop: Vec<Candidate> = state
+        .top_measured(n_best)
+        .into_iter()
+        .filter_map(|p| state.candidate(p))
+        .collect();
+    while pop.len() < size {
+        match state.sample(rng) {
+            Some(c) => pop.push(c),
+            None => break,
+        }
+    }
+    pop
+}
+
 /// Scores candidates with the model; an untrained or failing model scores all alike.
 fn scores(model: &dyn CostModel, cands: &[Candidate]) -> Vec<f64> {
     let feats: Vec<Vec<f32>> = cands.iter().map(|c| c.features.clone()).collect();
@@ -273,17 +294,7 @@ impl SearchStrategy for Evolutionary {
         rng: &mut Rng,
     ) -> Vec<Candidate> {
         let n_elite = ((self.population as f64) * self.elite_fraction) as usize;
-        let mut pop: Vec<Candidate> = state
-            .top_measured(n_elite)
-            .into_iter()
-            .filter_map(|p| state.candidate(p))
-            .collect();
-        while pop.len() < self.population {
-            match state.sample(rng) {
-                Some(c) => pop.push(c),
-                None => break,
-            }
-        }
+        let mut pop = seeded_population(state, n_elite, self.population, rng);
         // Every candidate seen, with its score; the best unmeasured ones are proposed.
         let mut visited: Vec<(f64, Candidate)> = Vec::new();
         let mut seen = HashSet::new();
@@ -375,17 +386,7 @@ impl SearchStrategy for Annealing {
         batch: usize,
         rng: &mut Rng,
     ) -> Vec<Candidate> {
-        let mut chains: Vec<Candidate> = state
-            .top_measured(self.chains / 2)
-            .into_iter()
-            .filter_map(|p| state.candidate(p))
-            .collect();
-        while chains.len() < self.chains {
-            match state.sample(rng) {
-                Some(c) => chains.push(c),
-                None => break,
-            }
-        }
+        let mut chains = seeded_population(state, self.chains / 2, self.chains, rng);
         let mut current = scores(model, &chains);
         let mut visited: Vec<(f64, Candidate)> = Vec::new();
         let mut seen = HashSet::new();
