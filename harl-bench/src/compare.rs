@@ -12,7 +12,7 @@
 //! trial allocation per task to `DIR/network.json`.
 
 use crate::suite;
-use crate::tune::run_tasks;
+use crate::tune::{run_tasks, RunSpec};
 use crate::Error;
 use harl_build::tune::sketch::Task;
 use harl_build::tune::tuner::TuneResult;
@@ -40,6 +40,8 @@ pub struct Options {
     pub batch: usize,
     /// Output directory.
     pub out: PathBuf,
+    /// Measure the default-like schedules first (off with `--no-default-seed`).
+    pub seed_default: bool,
 }
 
 /// Parses the options of `compare`.
@@ -54,6 +56,7 @@ pub fn parse(args: &[String]) -> Result<Options, Error> {
         threads: 1,
         batch: 16,
         out: PathBuf::from("compare-out"),
+        seed_default: true,
     };
     let mut it = args.iter();
     let list = |v: &str| {
@@ -63,6 +66,10 @@ pub fn parse(args: &[String]) -> Result<Options, Error> {
             .collect::<Vec<_>>()
     };
     while let Some(flag) = it.next() {
+        if flag == "--no-default-seed" {
+            o.seed_default = false;
+            continue;
+        }
         let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
         match flag.as_str() {
             "--workload" => o.workload = Some(value.clone()),
@@ -139,12 +146,15 @@ fn compare_workload(o: &Options, name: &str) -> Result<(), Error> {
             let task = Task::new(workload.name.clone(), graph.clone(), 1.0);
             let r = run_tasks(
                 vec![task],
-                strategy,
-                "gradient",
-                o.trials,
-                seed,
-                o.threads,
-                o.batch,
+                &RunSpec {
+                    strategy,
+                    scheduler: "gradient",
+                    trials: o.trials,
+                    seed,
+                    threads: o.threads,
+                    batch: o.batch,
+                    seed_default: o.seed_default,
+                },
             )?;
             let c = curve(&r);
             println!(
@@ -318,7 +328,16 @@ fn compare_network(o: &Options) -> Result<(), Error> {
             let tasks = bert_layer()?;
             let names: Vec<String> = tasks.iter().map(|t| t.name.clone()).collect();
             let r = run_tasks(
-                tasks, strategy, scheduler, o.trials, seed, o.threads, o.batch,
+                tasks,
+                &RunSpec {
+                    strategy,
+                    scheduler,
+                    trials: o.trials,
+                    seed,
+                    threads: o.threads,
+                    batch: o.batch,
+                    seed_default: o.seed_default,
+                },
             )?;
             let best = r.curve.last().map(|p| p.best_latency_s);
             println!(

@@ -11,13 +11,16 @@ use crate::timing::measure;
 use crate::workload::Matmul;
 use crate::Error;
 use harl_build::codegen::Variant;
+use harl_build::default_schedule::{default_schedule, CpuTarget};
 use harl_build::target::TargetFingerprint;
 use harl_build::tune::cost_model::XgbModel;
+use harl_build::tune::measure::Candidate;
 use harl_build::tune::measure::{MeasureConfig, Measurer};
 use harl_build::tune::search::strategy_by_name;
 use harl_build::tune::sketch::Task;
 use harl_build::tune::task_scheduler::scheduler_by_name;
 use harl_build::tune::tuner::{best_candidate, tune, TuneOptions, TuneResult};
+use harl_te::Graph;
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -41,6 +44,8 @@ pub struct Options {
     pub batch: usize,
     /// The spec the workload resolved to (filled in by `run`).
     pub workload_spec: String,
+    /// Measure the default-like schedules first (off with `--no-default-seed`).
+    pub seed_default: bool,
 }
 
 impl Default for Options {
@@ -54,6 +59,7 @@ impl Default for Options {
             out: PathBuf::from("tune-out"),
             batch: 16,
             workload_spec: String::new(),
+            seed_default: true,
         }
     }
 }
@@ -72,6 +78,7 @@ pub fn parse(args: &[String]) -> Result<Options, Error> {
             "--threads" => o.threads = value()?.parse()?,
             "--out" => o.out = value()?.into(),
             "--batch" => o.batch = value()?.parse()?,
+            "--no-default-seed" => o.seed_default = false,
             other => return Err(format!("tune: unknown argument `{other}`").into()),
         }
     }
@@ -94,16 +101,20 @@ pub fn run(o: &Options) -> Result<(), Error> {
     let workload = suite::resolve(&o.workload)?;
     let graph = suite::build(&workload.spec)?;
     let flops = graph.flops();
-    let task = Task::new(workload.name.clone(), graph, 1.0);
+    let task = Task::new(workload.name.clone(), graph.clone(), 1.0);
     let result = run_tasks(
         vec![task],
-        &o.strategy,
-        "gradient",
-        o.trials,
-        o.seed,
-        o.threads,
-        o.batch,
+        &RunSpec {
+            strategy: &o.strategy,
+            scheduler: "gradient",
+            trials: o.trials,
+            seed: o.seed,
+            threads: o.threads,
+            batch: o.batch,
+            seed_default: o.seed_default,
+        },
     )?;
+    let default_latency = measure_default(&graph, o.threads, o.seed)?;
     let (peer, peer_gflops) = match suite::gemm_shape(&workload.spec) {
         Some((m, k, n)) => ("gemm", Some(gemm_gflops(Matmul { m, k, n }, o.threads)?)),
         None => ("none", None),
@@ -112,41 +123,82 @@ pub fn run(o: &Options) -> Result<(), Error> {
         workload_spec: workload.spec.clone(),
         ..o.clone()
     };
-    write(&o, &workload.name, flops, &result, peer, peer_gflops)
+    let baseline = Baseline {
+        peer,
+        peer_gflops,
+        default_latency,
+    };
+    write(&o, &workload.name, flops, &result, &baseline)
 }
 
-/// Tunes `tasks` with the named strategy and task scheduler on this machine's variant.
-pub fn run_tasks(
-    tasks: Vec<Task>,
-    strategy: &str,
-    scheduler: &str,
-    trials: usize,
-    seed: u64,
-    threads: usize,
-    batch: usize,
-) -> Result<TuneResult, Error> {
-    let mut strategy = strategy_by_name(strategy, seed)
-        .ok_or_else(|| format!("unknown strategy `{strategy}` (harl, ansor, autotvm, random)"))?;
-    let mut scheduler = scheduler_by_name(scheduler)
-        .ok_or_else(|| format!("unknown task scheduler `{scheduler}`"))?;
-    let mut model = XgbModel::with_seed(seed);
+/// What the tuned kernel is compared with.
+struct Baseline {
+    peer: &'static str,
+    peer_gflops: Option<f64>,
+    default_latency: Option<f64>,
+}
+
+/// One tuning run's settings.
+pub struct RunSpec<'a> {
+    /// Strategy name.
+    pub strategy: &'a str,
+    /// Task scheduler name.
+    pub scheduler: &'a str,
+    /// Trial budget.
+    pub trials: usize,
+    /// Seed.
+    pub seed: u64,
+    /// Threads the kernels run on.
+    pub threads: usize,
+    /// Candidates per round.
+    pub batch: usize,
+    /// Measure the default-like schedules first.
+    pub seed_default: bool,
+}
+
+fn measurer(threads: usize, seed: u64) -> Result<Measurer, Error> {
     let mut config =
         MeasureConfig::new(work_dir(), Path::new(env!("CARGO_MANIFEST_DIR")).join(".."));
     config.threads = threads;
     config.seed = seed;
     config.timeout = Duration::from_secs(10);
-    let mut measurer = Measurer::new(config)?;
+    Ok(Measurer::new(config)?)
+}
+
+/// The default schedule's plan for this machine's variant with `threads` threads.
+fn host_target(threads: usize) -> CpuTarget {
     let host = TargetFingerprint::host();
     let variant = Variant::ALL
         .into_iter()
         .find(|v| v.isa_class(&host.arch) == host.isa_class)
         .unwrap_or(Variant::Base);
-    let target = variant.cpu_target(&host.arch, threads);
+    variant.cpu_target(&host.arch, threads)
+}
+
+/// Median latency of the untuned default schedule, measured like a trial.
+fn measure_default(graph: &Graph, threads: usize, seed: u64) -> Result<Option<f64>, Error> {
+    let schedule = default_schedule(graph, &host_target(threads));
+    let mut m = measurer(threads, seed)?;
+    let r = m.measure(graph, &[Candidate::Schedule(schedule)]);
+    Ok(r.into_iter().next().and_then(|m| m.latency_s))
+}
+
+/// Tunes `tasks` with the named strategy and task scheduler on this machine's variant.
+pub fn run_tasks(tasks: Vec<Task>, spec: &RunSpec<'_>) -> Result<TuneResult, Error> {
+    let (strategy, scheduler, seed) = (spec.strategy, spec.scheduler, spec.seed);
+    let mut strategy = strategy_by_name(strategy, seed)
+        .ok_or_else(|| format!("unknown strategy `{strategy}` (harl, ansor, autotvm, random)"))?;
+    let mut scheduler = scheduler_by_name(scheduler)
+        .ok_or_else(|| format!("unknown task scheduler `{scheduler}`"))?;
+    let mut model = XgbModel::with_seed(seed);
+    let mut measurer = measurer(spec.threads, seed)?;
+    let target = host_target(spec.threads);
     let options = TuneOptions {
-        trials,
-        batch,
+        trials: spec.trials,
+        batch: spec.batch,
         time_budget: None,
         seed,
+        seed_default: spec.seed_default,
     };
     Ok(tune(
         tasks,
@@ -179,17 +231,16 @@ fn gemm_gflops(mm: Matmul, threads: usize) -> Result<f64, Error> {
     Ok(t.gflops(2.0 * (mm.m * mm.k * mm.n) as f64))
 }
 
-fn write(
-    o: &Options,
-    name: &str,
-    flops: f64,
-    r: &TuneResult,
-    peer: &str,
-    peer_gflops: Option<f64>,
-) -> Result<(), Error> {
+fn write(o: &Options, name: &str, flops: f64, r: &TuneResult, b: &Baseline) -> Result<(), Error> {
+    let (peer, peer_gflops) = (b.peer, b.peer_gflops);
     std::fs::create_dir_all(&o.out)?;
     let best = r.tasks.first().and_then(best_candidate);
     let best_latency = best.map(|(_, l)| l);
+    // Whether the winner is one of the default-like seeds (the search found nothing better).
+    let best_is_seed = match (r.tasks.first(), best) {
+        (Some(t), Some((c, _))) => t.seeds.contains(&c.params),
+        _ => false,
+    };
     let failed = r.tasks.first().map_or(0, |t| {
         t.trials.iter().filter(|t| t.latency_s.is_none()).count()
     });
@@ -206,6 +257,10 @@ fn write(
         "peer": peer,
         "peer_gflops": peer_gflops,
         "failed_trials": failed,
+        "default_latency_s": b.default_latency,
+        "default_gflops": b.default_latency.map(|l| flops / l / 1e9),
+        "best_is_default_seed": best_is_seed,
+        "seed_default": o.seed_default,
         "best_schedule": best.map(|(c, _)| serde_json::to_value(&c.schedule).unwrap_or_default()),
     });
     std::fs::write(
@@ -233,13 +288,16 @@ fn write(
     }
     std::fs::write(o.out.join("curve.csv"), csv)?;
     println!(
-        "{name} [{}] {} trials ({} failed) in {:.1} s: best {} ({}), peer {peer} {}",
+        "{name} [{}] {} trials ({} failed) in {:.1} s: best {} ({}{}), default {}, peer {peer} {}",
         o.strategy,
         r.trials,
         failed,
         r.wall_s,
         best_latency.map_or("none".into(), |l| format!("{:.4} ms", l * 1e3)),
         best_latency.map_or("-".into(), |l| format!("{:.1} GFLOP/s", flops / l / 1e9)),
+        if best_is_seed { ", a default seed" } else { "" },
+        b.default_latency
+            .map_or("-".into(), |l| format!("{:.1} GFLOP/s", flops / l / 1e9)),
         peer_gflops.map_or("-".into(), |g| format!("{g:.1} GFLOP/s")),
     );
     Ok(())

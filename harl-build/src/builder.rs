@@ -467,6 +467,7 @@ impl Builder {
             batch: 16,
             time_budget: Some(std::time::Duration::from_secs(seconds)),
             seed,
+            seed_default: true,
         };
         let mut scheduler = task_scheduler::RoundRobin::default();
         let mut model = cost_model::XgbModel::with_seed(seed);

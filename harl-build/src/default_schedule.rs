@@ -157,21 +157,21 @@ fn fusable_epilogue(graph: &Graph, s: usize, c: usize, reads: &[usize], inlined:
     ok
 }
 
-/// The register/cache tiling of a reduction stage.
-struct TilePlan {
+/// The register/cache tiling of a reduction stage (the tuner seeds its search with it).
+pub(crate) struct TilePlan {
     /// The vectorised spatial axis (contiguous in memory).
-    vec_axis: usize,
+    pub(crate) vec_axis: usize,
     /// The unrolled row axis of the register tile.
-    row_axis: Option<usize>,
+    pub(crate) row_axis: Option<usize>,
     /// [outer, mid, register] extents of the vector axis.
-    vec: [usize; 3],
+    pub(crate) vec: [usize; 3],
     /// [outer, mid, register] extents of the row axis.
-    row: [usize; 3],
+    pub(crate) row: [usize; 3],
     /// [outer, inner] of the first reduce axis.
-    red: [usize; 2],
+    pub(crate) red: [usize; 2],
 }
 
-fn plan_tiles(graph: &Graph, s: usize, target: &CpuTarget) -> Option<TilePlan> {
+pub(crate) fn plan_tiles(graph: &Graph, s: usize, target: &CpuTarget) -> Option<TilePlan> {
     let stage = &graph.stages[s];
     let ns = stage.n_spatial();
     let r = stage.reduce.as_ref()?;

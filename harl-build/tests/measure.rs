@@ -32,6 +32,10 @@ fn config() -> MeasureConfig {
         warmup: 1,
         check_points: 32,
         seed: 1,
+        // Off here: the failure tests need every candidate timed in full; see
+        // `slow_candidates_are_timed_once` for the cutoff.
+        slow_cutoff: 0.0,
+        relative_timeout: 0.0,
     }
 }
 
@@ -111,6 +115,36 @@ fn every_failure_is_one_labelled_trial() {
         assert_eq!(r.latency_s, None);
         assert_eq!(r.runs, 0);
     }
+}
+
+#[test]
+fn slow_candidates_are_timed_once() {
+    let graph = w::matmul(48, 64, 40).expect("matmul");
+    let sleepy = || {
+        raw("std::thread::sleep(std::time::Duration::from_millis(30));\n    for i in 0..48 {\n        for j in 0..40 {\n            out[i * 40 + j] = (0..64).map(|k| a[i * 64 + k] * b[k * 40 + j]).sum();\n        }\n    }\n    Ok(())")
+    };
+    let mut m = Measurer::new(MeasureConfig {
+        slow_cutoff: 2.0,
+        relative_timeout: 10.0,
+        ..config()
+    })
+    .expect("measurer");
+    // Unknown best: timed in full.
+    let full = m.measure(&graph, &[sleepy()]);
+    assert!(full[0].is_ok() && full[0].runs >= 3, "{:?}", full[0]);
+    // A best 10x faster than the candidate: one run.
+    m.set_best(Some(0.003));
+    let once = m.measure(&graph, &[sleepy()]);
+    assert!(once[0].is_ok() && once[0].runs == 1, "{:?}", once[0]);
+    assert!(
+        once[0].latency_s.is_some_and(|l| l >= 0.03),
+        "{:?}",
+        once[0]
+    );
+    // Within twice the best: timed in full.
+    m.set_best(Some(0.025));
+    let near = m.measure(&graph, &[sleepy()]);
+    assert!(near[0].is_ok() && near[0].runs >= 3, "{:?}", near[0]);
 }
 
 #[test]

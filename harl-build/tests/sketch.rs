@@ -529,3 +529,40 @@ fn samples_exercise_every_step_and_emit() {
         assert!(kinds.contains(k), "no {k} step sampled: {kinds:?}");
     }
 }
+
+#[test]
+fn default_params_give_the_default_loops() {
+    // The tuner's seeds: in each sketch, the point that reproduces the default schedule's loops
+    // (register tile, cache blocks, parallel outer loops), including a cache-blocked reduction
+    // (k = 512 > 256) and a convolution.
+    let target = Variant::Avx512.cpu_target("x86_64", 2);
+    let graphs = [
+        w::matmul(64, 64, 64).expect("mm"),
+        w::matmul(512, 512, 512).expect("mm"),
+        w::conv2d(1, 64, 56, 56, 64, 3, 3, 1, 1, 1, 1).expect("conv2d"),
+    ];
+    for g in graphs {
+        let default = lower(&g, &default_schedule(&g, &target)).expect("default lowers");
+        let sk = &generate_sketches(&g, &target)[0];
+        assert_eq!(sk.name(), "tile+cache_write");
+        let p = sk.default_params(0, &target).expect("a default point");
+        let ours = lower(&g, &sk.to_schedule(&p).expect("valid")).expect("lowers");
+        assert_eq!(loop_shape(&ours), loop_shape(&default), "{p:?}");
+    }
+}
+
+#[test]
+fn default_params_match_the_interpreter() {
+    let mut seen = 0;
+    for case in cases() {
+        for target in targets() {
+            for (i, sk) in sketches(case, &target).iter().enumerate() {
+                if let Some(p) = sk.default_params(i, &target) {
+                    case.check(&sk.to_schedule(&p).expect("default_params are valid"));
+                    seen += 1;
+                }
+            }
+        }
+    }
+    assert!(seen >= cases().len(), "only {seen} default points");
+}

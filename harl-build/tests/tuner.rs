@@ -39,6 +39,7 @@ fn run(strategy: &str, seed: u64, trials: usize, tasks: Vec<Task>) -> TuneResult
         batch: 8,
         time_budget: None,
         seed,
+        seed_default: true,
     };
     tune(
         tasks,

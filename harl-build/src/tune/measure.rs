@@ -75,11 +75,19 @@ pub struct MeasureConfig {
     pub check_points: usize,
     /// Seed of the reference inputs and the checked elements.
     pub seed: u64,
+    /// Once the task has a best latency ([`Measurer::set_best`]): a candidate whose first run
+    /// takes longer than this multiple of it is timed by that one run (it cannot be the best;
+    /// its latency still trains the cost model). 0 disables.
+    pub slow_cutoff: f64,
+    /// Once the task has a best latency: a candidate's worker is killed (a timeout) after
+    /// `2 s + relative_timeout x best`, if that is shorter than `timeout`. 0 disables.
+    pub relative_timeout: f64,
 }
 
 impl MeasureConfig {
     /// A configuration with defaults: all available cores, a 10 s timeout, timing for at least
-    /// 100 ms and 3 runs after 1 warm-up run, 64 checked elements, seed 0.
+    /// 100 ms and 3 runs after 1 warm-up run, 64 checked elements, seed 0; once a best latency
+    /// is known, one run for candidates over twice as slow and a timeout of 2 s + 100x best.
     pub fn new(work_dir: impl Into<PathBuf>, harl_path: impl Into<PathBuf>) -> Self {
         MeasureConfig {
             work_dir: work_dir.into(),
@@ -91,6 +99,8 @@ impl MeasureConfig {
             warmup: 1,
             check_points: 64,
             seed: 0,
+            slow_cutoff: 2.0,
+            relative_timeout: 100.0,
         }
     }
 }
@@ -314,6 +324,8 @@ pub struct Measurer {
     variant: Variant,
     /// Reference data file per (workload key); written once per measurer.
     data: Mutex<HashMap<String, Result<Arc<PathBuf>, String>>>,
+    /// Best latency of the task being measured, if known ([`Measurer::set_best`]).
+    best_s: Option<f64>,
 }
 
 impl Measurer {
@@ -348,6 +360,7 @@ impl Measurer {
         let m = Measurer {
             variant: host_variant(),
             data: Mutex::new(HashMap::new()),
+            best_s: None,
             config,
         };
         let lock = m.lock()?;
@@ -359,6 +372,29 @@ impl Measurer {
     /// The configuration (paths canonicalised).
     pub fn config(&self) -> &MeasureConfig {
         &self.config
+    }
+
+    /// Sets the best latency known for the graph measured next (`None`: unknown); it scales
+    /// [`MeasureConfig::slow_cutoff`] and [`MeasureConfig::relative_timeout`].
+    pub fn set_best(&mut self, best_s: Option<f64>) {
+        self.best_s = best_s.filter(|b| b.is_finite() && *b > 0.0);
+    }
+
+    /// The wall-clock limit of one candidate and the one-run cutoff in seconds (0: none),
+    /// given the best latency known.
+    fn limits(&self, best: Option<f64>) -> (Duration, f64) {
+        let c = &self.config;
+        let Some(best) = best else {
+            return (c.timeout, 0.0);
+        };
+        let timeout = if c.relative_timeout > 0.0 {
+            c.timeout
+                .min(Duration::from_secs_f64(2.0 + c.relative_timeout * best))
+                .max(c.min_time + Duration::from_secs(1))
+        } else {
+            c.timeout
+        };
+        (timeout, (c.slow_cutoff * best).max(0.0))
     }
 
     /// The ISA variant candidates are emitted and measured for.
@@ -470,15 +506,15 @@ impl Measurer {
     /// The second half of [`Measurer::measure`]: runs each compiled candidate of the batch in
     /// its own worker process, one after the other.
     pub fn run_prepared(&self, batch: &PreparedBatch) -> Vec<Measurement> {
-        batch
-            .slots
-            .iter()
-            .zip(&batch.compile_s)
-            .map(|(slot, &compile_s)| match slot {
+        // The best latency known, updated as the batch runs, scales the limits of the rest.
+        let mut best = self.best_s;
+        let mut out = Vec::with_capacity(batch.slots.len());
+        for (slot, &compile_s) in batch.slots.iter().zip(&batch.compile_s) {
+            let m = match slot {
                 Err(m) => m.clone(),
                 Ok(slot) => {
                     let mut m = match (&batch.binary, &batch.data) {
-                        (Some(bin), Some(data)) => self.run_one(bin, *slot, data),
+                        (Some(bin), Some(data)) => self.run_one(bin, *slot, data, best),
                         _ => Measurement::failed(
                             TrialError::Compile("no worker binary was built".into()),
                             0.0,
@@ -487,8 +523,13 @@ impl Measurer {
                     m.compile_s = compile_s;
                     m
                 }
-            })
-            .collect()
+            };
+            if let Some(l) = m.latency_s.filter(|l| l.is_finite() && *l > 0.0) {
+                best = Some(best.map_or(l, |b| b.min(l)));
+            }
+            out.push(m);
+        }
+        out
     }
 
     fn failed_batch(&self, n: usize, why: &str) -> PreparedBatch {
@@ -727,8 +768,9 @@ impl Measurer {
     }
 
     /// Runs one candidate in its own worker process.
-    fn run_one(&self, bin: &Path, slot: usize, data: &Path) -> Measurement {
+    fn run_one(&self, bin: &Path, slot: usize, data: &Path, best: Option<f64>) -> Measurement {
         let c = &self.config;
+        let (timeout, cutoff_s) = self.limits(best);
         let crash = |msg: String| Measurement::failed(TrialError::Crash(msg), 0.0);
         let spawned = Command::new(bin)
             .arg(slot.to_string())
@@ -737,6 +779,7 @@ impl Measurer {
             .arg(c.min_time.as_millis().to_string())
             .arg(c.min_repeats.to_string())
             .arg(c.warmup.to_string())
+            .arg(format!("{cutoff_s:e}"))
             .env_remove("HARL_ISA")
             .env("RUST_BACKTRACE", "0")
             .stdin(Stdio::null())
@@ -747,12 +790,12 @@ impl Measurer {
             Ok(child) => child,
             Err(e) => return crash(format!("cannot run the worker: {e}")),
         };
-        let deadline = Instant::now() + c.timeout;
+        let deadline = Instant::now() + timeout;
         // The worker's stdout closes when it exits: waiting for that needs no polling.
         let stdout = child.stdout.take().map(read_tail);
         let stderr = child.stderr.take().map(read_tail);
         let out = match &stdout {
-            Some(rx) => rx.recv_timeout(c.timeout).ok(),
+            Some(rx) => rx.recv_timeout(timeout).ok(),
             None => None,
         };
         let left = deadline.saturating_duration_since(Instant::now());
@@ -1172,14 +1215,15 @@ fn main() {
 }
 
 fn real_main(args: &[String]) -> Result<String, String> {
-    if args.len() != 7 {
-        return Err("usage: worker <candidate> <data file> <threads> <min_time_ms> <min_repeats> <warmup>".into());
+    if args.len() != 8 {
+        return Err("usage: worker <candidate> <data file> <threads> <min_time_ms> <min_repeats> <warmup> <cutoff_s>".into());
     }
     let cand: usize = arg(args, 1, "candidate")?;
     let threads: usize = arg(args, 3, "threads")?;
     let min_time = std::time::Duration::from_millis(arg(args, 4, "min_time_ms")?);
     let min_repeats: usize = arg(args, 5, "min_repeats")?;
     let warmup: usize = arg(args, 6, "warmup")?;
+    let cutoff: f64 = arg(args, 7, "cutoff_s")?;
     let kernel = *KERNELS.get(cand).ok_or_else(|| format!("no candidate {cand} in this worker"))?;
     let isa = match ::harl::runtime::Isa::detect() {
         ::harl::runtime::Isa::Avx512 => "avx512",
@@ -1202,8 +1246,11 @@ fn real_main(args: &[String]) -> Result<String, String> {
         points.push((i, r.f64()?));
     }
     let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().map_err(|e| e.to_string())?;
-    Ok(pool.install(|| measure(kernel, &inputs, out_len, tol, &points, min_time, min_repeats, warmup)))
+    let timing = Timing { min_time, min_repeats, warmup, cutoff };
+    Ok(pool.install(|| measure(kernel, &inputs, out_len, tol, &points, &timing)))
 }
+
+struct Timing { min_time: std::time::Duration, min_repeats: usize, warmup: usize, cutoff: f64 }
 
 fn measure(
     kernel: Kernel,
@@ -1211,12 +1258,13 @@ fn measure(
     out_len: usize,
     tol: f64,
     points: &[(usize, f64)],
-    min_time: std::time::Duration,
-    min_repeats: usize,
-    warmup: usize,
+    timing: &Timing,
 ) -> String {
     let mut out = vec![Out::sentinel(); out_len];
-    if let Err(e) = call(kernel, inputs, &mut out) {
+    let t = std::time::Instant::now();
+    let checked = call(kernel, inputs, &mut out);
+    let check_s = t.elapsed().as_secs_f64();
+    if let Err(e) = checked {
         return format!("{{\"wrong\":{}}}", json_str(&format!("the kernel returned an error: {e}")));
     }
     let mut bad = 0usize;
@@ -1235,16 +1283,24 @@ fn measure(
         let msg = format!("{bad} of {} checked elements differ (relative tolerance {tol:e}); first: {first}", points.len());
         return format!("{{\"wrong\":{}}}", json_str(&msg));
     }
-    for _ in 0..warmup {
+    // Far slower than the best already: the checked run is its measurement.
+    let slow = |s: f64| timing.cutoff > 0.0 && s > timing.cutoff;
+    if slow(check_s) {
+        return format!("{{\"median_s\":{check_s:e},\"min_s\":{check_s:e},\"max_s\":{check_s:e},\"runs\":1}}");
+    }
+    for _ in 0..timing.warmup {
         let _ = call(kernel, inputs, &mut out);
     }
     let mut times = Vec::new();
     let start = std::time::Instant::now();
-    while times.is_empty() || times.len() < min_repeats || start.elapsed() < min_time {
+    while times.is_empty() || times.len() < timing.min_repeats || start.elapsed() < timing.min_time {
         let t = std::time::Instant::now();
         let _ = call(kernel, inputs, &mut out);
         times.push(t.elapsed().as_secs_f64());
         std::hint::black_box(&mut out);
+        if times.len() == 1 && slow(times[0]) {
+            break;
+        }
     }
     times.sort_by(|a, b| a.total_cmp(b));
     let n = times.len();

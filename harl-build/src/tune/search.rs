@@ -41,6 +41,9 @@ pub struct TaskState {
     pub flops: f64,
     /// Measured trials, in order.
     pub trials: Vec<Trial>,
+    /// The default schedule's counterpart in each sketch that has one
+    /// ([`Sketch::default_params`]), distinct schedules only: the tuner measures them first.
+    pub seeds: Vec<Params>,
     measured: HashSet<Params>,
 }
 
@@ -49,11 +52,21 @@ impl TaskState {
     pub fn new(task: Task, target: &CpuTarget) -> Self {
         let sketches = generate_sketches(&task.graph, target);
         let flops = task.graph.flops();
+        let mut seeds = Vec::new();
+        let mut seen = HashSet::new();
+        for (i, sketch) in sketches.iter().enumerate() {
+            if let Some(p) = sketch.default_params(i, target) {
+                if sketch.to_schedule(&p).is_ok_and(|s| seen.insert(s)) {
+                    seeds.push(p);
+                }
+            }
+        }
         TaskState {
             task,
             sketches,
             flops,
             trials: Vec::new(),
+            seeds,
             measured: HashSet::new(),
         }
     }

@@ -33,7 +33,7 @@
 //! moves and mutations never return such a no-op). The knobs only choose among legal structures:
 //! a [`Params`] that [`Sketch::to_schedule`] accepts always lowers.
 
-use crate::default_schedule::CpuTarget;
+use crate::default_schedule::{plan_tiles, CpuTarget};
 use crate::lower::{lower, ScheduleError, MAX_ACC_ELEMS, MAX_UNROLL};
 use crate::schedule::{Schedule, Step};
 use crate::tune::rng::Rng;
@@ -443,6 +443,77 @@ impl Sketch {
             unroll: 0,
             vector: 0,
         }
+    }
+
+    /// The point of this sketch closest to the hand-written default schedule
+    /// ([`crate::default_schedule`]): for each tiled stage the default's register and cache
+    /// tiles (the first reduce axis cache-blocked in `R1`, the other reduce axes whole in `R1`),
+    /// the accumulator at the end of `S2`, an epilogue at the end of `S0`; all outer spatial
+    /// loops in parallel, the narrowest vector width that covers the register tile, the deepest
+    /// unroll. `None` when that point is not a valid schedule of the sketch. The tuner measures
+    /// these first, so a search starts where the default is rather than from random samples.
+    pub fn default_params(&self, index: usize, target: &CpuTarget) -> Option<Params> {
+        let mut p = self.fallback(index);
+        let mut register_tile: Option<usize> = None;
+        let mut epilogue_level = None;
+        for (s, plan) in self.plans.iter().enumerate() {
+            let stage = &self.graph.stages[s];
+            let ns = stage.n_spatial();
+            let red = stage.reduce.as_ref().map_or(&[][..], |r| &r.extents[..]);
+            match *plan {
+                Plan::Tiled {
+                    first_axis,
+                    epilogue,
+                    ..
+                } => {
+                    p.parallel = p.parallel.max(ns);
+                    if epilogue.is_some() {
+                        epilogue_level = Some(0);
+                    }
+                    for (j, &e) in red.iter().enumerate() {
+                        p.tiles[first_axis + ns + j] = vec![e];
+                    }
+                    if let Some(tp) = plan_tiles(&self.graph, s, target) {
+                        p.tiles[first_axis + tp.vec_axis] = vec![1, tp.vec[1], tp.vec[2]];
+                        if let Some(r) = tp.row_axis {
+                            p.tiles[first_axis + r] = vec![1, tp.row[1], tp.row[2]];
+                        }
+                        if !red.is_empty() {
+                            p.tiles[first_axis + ns] = vec![tp.red[1]];
+                        }
+                        register_tile = Some(register_tile.unwrap_or(0).max(tp.vec[2]));
+                    }
+                }
+                Plan::Rfactor { axis } => {
+                    let extent = self.axes[axis].extent;
+                    let inner = (2..extent)
+                        .rev()
+                        .find(|&d| d <= MAX_INNER_TILE && extent.is_multiple_of(d))
+                        .unwrap_or(1);
+                    p.tiles[axis] = vec![1, inner];
+                    p.parallel = p.parallel.max(ns + 1);
+                }
+                Plan::Simple => p.parallel = p.parallel.max(ns),
+                Plan::Inline | Plan::Epilogue => {}
+            }
+        }
+        p.parallel = p.parallel.min(self.parallel_max);
+        if let Some(i) = self
+            .attach
+            .iter()
+            .position(|a| a.acc == 2 && a.epi == epilogue_level)
+        {
+            p.compute_at = i;
+        }
+        let lanes = self.widths.first().copied().unwrap_or(1);
+        let want = register_tile.unwrap_or(2 * lanes);
+        p.vector = self
+            .widths
+            .iter()
+            .position(|&w| w >= want)
+            .map_or(self.widths.len(), |i| i + 1);
+        p.unroll = UNROLL_STEPS.len() - 1;
+        self.to_schedule(&p).ok().map(|_| p)
     }
 
     /// The schedule of this sketch with parameters `p`; an error only if `p` is invalid for the

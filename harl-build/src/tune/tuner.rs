@@ -17,6 +17,9 @@ use std::time::{Duration, Instant};
 pub trait Measure {
     /// Median latency of each schedule in seconds, or why its trial failed.
     fn measure(&mut self, graph: &Graph, schedules: &[Schedule]) -> Vec<Result<f64, String>>;
+    /// The task's best latency so far, before each batch: a measurer may spend less time on
+    /// candidates that are clearly slower (the default ignores it).
+    fn set_best(&mut self, _best_s: Option<f64>) {}
 }
 
 /// Budget and knobs of a tuning run.
@@ -30,6 +33,9 @@ pub struct TuneOptions {
     pub time_budget: Option<Duration>,
     /// The seed of every random decision.
     pub seed: u64,
+    /// Measure each task's default-like schedules ([`TaskState::seeds`]) in its first round,
+    /// so the search starts from the default schedule's neighbourhood.
+    pub seed_default: bool,
 }
 
 impl Default for TuneOptions {
@@ -39,6 +45,7 @@ impl Default for TuneOptions {
             batch: 16,
             time_budget: None,
             seed: 0,
+            seed_default: true,
         }
     }
 }
@@ -105,7 +112,19 @@ pub fn tune(
             .collect();
         let ti = scheduler.next(&views, &mut rng).min(states.len() - 1);
         let batch = options.batch.min(options.trials - spent);
-        let proposals = strategy.propose(&states[ti], &*model, batch, &mut rng);
+        let mut proposals = if options.seed_default && states[ti].trials.is_empty() {
+            seed_candidates(&states[ti], batch)
+        } else {
+            Vec::new()
+        };
+        if proposals.len() < batch {
+            let rest = strategy.propose(&states[ti], &*model, batch - proposals.len(), &mut rng);
+            for c in rest {
+                if proposals.iter().all(|p| p.params != c.params) {
+                    proposals.push(c);
+                }
+            }
+        }
         if proposals.is_empty() {
             // The task's space is exhausted (or empty); let the others go on.
             histories[ti].push(states[ti].best_latency());
@@ -117,6 +136,7 @@ pub fn tune(
         }
         stalled_rounds = 0;
         let schedules: Vec<Schedule> = proposals.iter().map(|c| c.schedule.clone()).collect();
+        measurer.set_best(states[ti].best_latency());
         let results = measurer.measure(&states[ti].task.graph, &schedules);
         for (cand, res) in proposals.into_iter().zip(results) {
             states[ti].record(cand, res.ok());
@@ -139,6 +159,16 @@ pub fn tune(
         trials: spent,
         wall_s: start.elapsed().as_secs_f64(),
     }
+}
+
+/// Up to `batch` of the task's default-like candidates.
+fn seed_candidates(state: &TaskState, batch: usize) -> Vec<Candidate> {
+    state
+        .seeds
+        .iter()
+        .filter_map(|p| state.candidate(p.clone()))
+        .take(batch)
+        .collect()
 }
 
 /// Weighted sum of every task's best latency, once every task has one.
@@ -192,6 +222,9 @@ pub fn best_candidate(state: &TaskState) -> Option<(&Candidate, f64)> {
 }
 
 impl Measure for crate::tune::measure::Measurer {
+    fn set_best(&mut self, best_s: Option<f64>) {
+        crate::tune::measure::Measurer::set_best(self, best_s);
+    }
     fn measure(&mut self, graph: &Graph, schedules: &[Schedule]) -> Vec<Result<f64, String>> {
         let candidates: Vec<crate::tune::measure::Candidate> = schedules
             .iter()
