@@ -16,6 +16,7 @@ mod record;
 mod report;
 mod spine;
 mod suite;
+mod summarize;
 mod timing;
 mod tune;
 mod workload;
@@ -44,6 +45,8 @@ usage: harl-bench [spine] [--json PATH]
                task allocation on one BERT-base encoder layer; network.json
   model-eval FILES...
                the cost model's ranking quality on held-out records.json rows vs random
+  summarize DIR
+               one markdown table from DIR/*/summary.json (see scripts/suite.sh)
   list         the tuning suite's workloads and the workload spec keys
   help         print this text";
 
@@ -62,6 +65,8 @@ enum Command {
     ModelEval(Vec<String>),
     /// `list` (or `--list`): the tuning suite and the spec keys.
     List,
+    /// `summarize DIR`.
+    Summarize(std::path::PathBuf),
     /// `record [--out DIR]`.
     Record(record::Options),
     /// `help`, `-h`, `--help`.
@@ -90,6 +95,7 @@ fn run(command: Command) -> Result<(), Error> {
         Command::Tune(options) => tune::run(&options),
         Command::ModelEval(files) => model_eval::run(&files),
         Command::Compare(options) => compare::run(&options),
+        Command::Summarize(dir) => summarize::run(&dir),
         Command::List => {
             print!("{}", suite::list());
             Ok(())
@@ -110,6 +116,10 @@ fn parse(args: &[String]) -> Result<Command, Error> {
         "spine" => parse_spine(&args[1..]).map(Command::Spine),
         "help" | "-h" | "--help" => Ok(Command::Help),
         "list" | "--list" => Ok(Command::List),
+        "summarize" => match &args[1..] {
+            [dir] => Ok(Command::Summarize(dir.into())),
+            _ => Err(format!("summarize: expected one DIR\n{USAGE}").into()),
+        },
         "model-eval" => Ok(Command::ModelEval(args[1..].to_vec())),
         "compare" => compare::parse(&args[1..]).map(Command::Compare),
         "tune" if args[1..].iter().any(|a| a == "--list") => Ok(Command::List),
