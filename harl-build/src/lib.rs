@@ -6,9 +6,12 @@
 pub mod builder;
 pub mod cache;
 pub mod codegen;
+pub mod cuda;
 pub mod default_schedule;
 pub mod loop_ir;
 pub mod lower;
+#[cfg(feature = "cuda")]
+pub mod nvrtc;
 pub mod scan;
 pub mod schedule;
 pub mod target;

@@ -18,6 +18,12 @@ pub enum LoopKind {
     Vectorized,
     /// Constant trip count, unrolled.
     Unrolled,
+    /// One GPU thread block per iteration (`blockIdx.x`); the outermost loop of a root nest.
+    /// Serial on the CPU.
+    GpuBlock,
+    /// One GPU thread per iteration (`threadIdx.x`); directly inside the block loop. Serial on
+    /// the CPU.
+    GpuThread,
 }
 
 /// A statement.

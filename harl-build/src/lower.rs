@@ -14,6 +14,8 @@ use std::collections::HashMap;
 pub const MAX_ACC_ELEMS: usize = 4096;
 /// Largest loop a step may mark unrolled or vectorised.
 pub const MAX_UNROLL: usize = 512;
+/// Most threads a GPU block may have (every CUDA device since compute capability 2.0).
+pub const MAX_GPU_THREADS: usize = 1024;
 
 /// Why a schedule cannot be applied to a graph.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -298,6 +300,34 @@ impl Lowering {
                 self.stages[*stage].loops[0].kind = LoopKind::Parallel;
                 Ok(())
             }
+            Step::BindBlock { stage, at } => {
+                self.check_loop(*stage, *at)?;
+                let st = &self.stages[*stage];
+                if *at != 0 || st.attach != Attach::Root {
+                    return Err("only the outermost loop of a root stage binds to blocks".into());
+                }
+                if st.loops[0].reduce || st.loops[0].kind != LoopKind::Serial {
+                    return Err("a block loop must be a plain spatial loop".into());
+                }
+                self.stages[*stage].loops[0].kind = LoopKind::GpuBlock;
+                Ok(())
+            }
+            Step::BindThread { stage, at } => {
+                self.check_loop(*stage, *at)?;
+                let st = &self.stages[*stage];
+                if *at != 1 || st.loops[0].kind != LoopKind::GpuBlock {
+                    return Err("threads bind to the loop right inside the block loop".into());
+                }
+                if st.loops[1].reduce || st.loops[1].kind != LoopKind::Serial {
+                    return Err("a thread loop must be a plain spatial loop".into());
+                }
+                let ext = st.loop_extent(&st.loops[1]);
+                if ext > MAX_GPU_THREADS {
+                    return Err(format!("{ext} threads per block exceed {MAX_GPU_THREADS}"));
+                }
+                self.stages[*stage].loops[1].kind = LoopKind::GpuThread;
+                Ok(())
+            }
             Step::Vectorize { stage, at } | Step::Unroll { stage, at } => {
                 self.check_loop(*stage, *at)?;
                 let st = &self.stages[*stage];
@@ -305,8 +335,11 @@ impl Lowering {
                 if ext > MAX_UNROLL {
                     return Err(format!("loop of {ext} iterations is too long to unroll"));
                 }
-                if st.loops[*at].kind == LoopKind::Parallel {
-                    return Err("loop is already parallel".into());
+                if matches!(
+                    st.loops[*at].kind,
+                    LoopKind::Parallel | LoopKind::GpuBlock | LoopKind::GpuThread
+                ) {
+                    return Err("loop is already parallel or bound".into());
                 }
                 let vector = matches!(step, Step::Vectorize { .. });
                 if vector && *at + 1 != st.loops.len() {

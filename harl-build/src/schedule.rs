@@ -91,6 +91,21 @@ pub enum Step {
         /// Loop position.
         at: usize,
     },
+    /// GPU: binds loop `at` (the outermost of a root stage, spatial) to the thread blocks.
+    BindBlock {
+        /// Stage index.
+        stage: usize,
+        /// Loop position (0).
+        at: usize,
+    },
+    /// GPU: binds loop `at` (the second, spatial, inside a block-bound loop, at most
+    /// [`crate::lower::MAX_GPU_THREADS`] iterations) to the threads of a block.
+    BindThread {
+        /// Stage index.
+        stage: usize,
+        /// Loop position (1).
+        at: usize,
+    },
 }
 
 /// A complete schedule: the steps, in order.

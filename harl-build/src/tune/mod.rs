@@ -7,6 +7,7 @@
 pub mod bandit;
 pub mod cost_model;
 pub mod features;
+pub mod gpu_sketch;
 pub mod harl;
 pub mod measure;
 pub mod ppo;
