@@ -17,6 +17,8 @@
 
 #![warn(missing_docs)]
 
+#[cfg(feature = "cuda")]
+pub mod gpu;
 pub mod runtime;
 
 pub use harl_macros::kernel;

@@ -150,6 +150,7 @@ pub struct Builder {
     cache_dir: Option<PathBuf>,
     mode: Option<TuneMode>,
     quiet: bool,
+    cuda: bool,
 }
 
 impl Builder {
@@ -198,6 +199,16 @@ impl Builder {
     /// Sets the tuning mode (`HARL_TUNE` overrides it).
     pub fn tune(mut self, mode: TuneMode) -> Self {
         self.mode = Some(mode);
+        self
+    }
+
+    /// Also generates GPU code: each kernel module gets a `GPU: harl::gpu::GpuKernel` with PTX
+    /// of the default GPU schedule (the user's crate enables harl's `cuda` feature). PTX needs
+    /// NVRTC on the build host, through harl-build's `cuda` feature; without it the kernel is
+    /// still generated, with no PTX, and says so at run time ([`harl::gpu`] docs) and here in
+    /// a warning. GPU code is f32-only for now.
+    pub fn cuda(mut self, on: bool) -> Self {
+        self.cuda = on;
         self
     }
 
@@ -261,6 +272,10 @@ impl Builder {
                 "HARL_TUNE_SECONDS",
             ] {
                 println!("cargo:rerun-if-env-changed={var}");
+            }
+            if self.cuda {
+                // Where NVRTC is found.
+                println!("cargo:rerun-if-env-changed=LD_LIBRARY_PATH");
             }
             for p in self.scan.iter().chain(std::iter::once(&env.cache_dir)) {
                 if p.exists() {
@@ -406,7 +421,11 @@ impl Builder {
             params,
             output,
         };
-        (emit_module(graph, &variants, &meta), host_source, key)
+        let mut code = emit_module(graph, &variants, &meta);
+        if self.cuda {
+            code.push_str(&gpu_item(name, graph, warn));
+        }
+        (code, host_source, key)
     }
 
     /// Tunes one kernel on this machine within the budget (`HARL_TRIALS`, `HARL_TUNE_SECONDS`,
@@ -648,4 +667,76 @@ fn param_name(name: &str, i: usize) -> String {
     } else {
         format!("input{i}")
     }
+}
+
+/// The compute capability the default GPU program's PTX targets (the driver JIT-compiles it for
+/// any newer device).
+const DEFAULT_PTX_CC: u32 = 70;
+
+/// The `GPU` item of a kernel module: its PTX programs and launch plan.
+fn gpu_item(name: &str, graph: &Graph, warn: &mut dyn FnMut(String)) -> String {
+    let sizes: Vec<usize> = graph
+        .inputs
+        .iter()
+        .map(|t| t.shape.iter().product())
+        .collect();
+    let output = graph.stages.last().map_or(0, |s| s.size());
+    let programs = match gpu_program(graph) {
+        Ok(p) => p,
+        Err(why) => {
+            warn(format!("kernel `{name}`: no GPU code: {why}"));
+            String::new()
+        }
+    };
+    format!(
+        "\n/// GPU code of this kernel: see `harl::gpu`.\npub static GPU: ::harl::gpu::GpuKernel = ::harl::gpu::GpuKernel {{ name: {name:?}, inputs: &{sizes:?}, output: {output}, programs: &[{programs}] }};\n"
+    )
+}
+
+/// The default GPU schedule's program as a `harl::gpu::GpuProgram` expression.
+fn gpu_program(graph: &Graph) -> Result<String, String> {
+    let f32_only = graph
+        .inputs
+        .iter()
+        .map(|t| t.dtype)
+        .chain(graph.stages.iter().map(|s| s.dtype))
+        .all(|d| d == harl_te::DType::F32);
+    if !f32_only {
+        return Err("GPU kernels are f32-only for now".into());
+    }
+    let sketch = crate::gpu_sketch::GpuSketch::new(graph).ok_or("invalid graph")?;
+    let schedule = sketch
+        .to_schedule(&sketch.default_params())
+        .map_err(|e| e.to_string())?;
+    let program = lower(graph, &schedule).map_err(|e| e.to_string())?;
+    let module = crate::cuda::emit(&program).map_err(|e| e.to_string())?;
+    let ptx = compile_ptx(&module.source, DEFAULT_PTX_CC)?;
+    let launches: Vec<String> = module
+        .launches
+        .iter()
+        .map(|l| format!("({:?}, {}, {})", l.name, l.grid, l.block))
+        .collect();
+    let temps: Vec<usize> = module
+        .buffers
+        .iter()
+        .take(module.buffers.len().saturating_sub(1))
+        .map(|&s| program.graph.stages[s].size())
+        .collect();
+    Ok(format!(
+        "::harl::gpu::GpuProgram {{ ptx: {ptx:?}, tuned_for: None, launches: &[{}], temps: &{temps:?} }}",
+        launches.join(", ")
+    ))
+}
+
+#[cfg(feature = "cuda")]
+fn compile_ptx(source: &str, cc: u32) -> Result<String, String> {
+    crate::nvrtc::compile_ptx(source, cc).map_err(|e| match e {
+        crate::nvrtc::NvrtcError::NoNvrtc => "no NVRTC on the build host (install the CUDA toolkit, or `pip install nvidia-cuda-nvrtc-cu12` and put its lib/ on LD_LIBRARY_PATH)".to_string(),
+        e => e.to_string(),
+    })
+}
+
+#[cfg(not(feature = "cuda"))]
+fn compile_ptx(_: &str, _: u32) -> Result<String, String> {
+    Err("harl-build was built without its `cuda` feature (NVRTC), so no PTX was made".into())
 }

@@ -8,10 +8,12 @@ pub mod cache;
 pub mod codegen;
 pub mod cuda;
 pub mod default_schedule;
+pub mod gpu_sketch;
 pub mod loop_ir;
 pub mod lower;
 #[cfg(feature = "cuda")]
 pub mod nvrtc;
+pub mod rng;
 pub mod scan;
 pub mod schedule;
 pub mod target;

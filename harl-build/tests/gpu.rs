@@ -8,10 +8,10 @@ mod common;
 
 use common::{assert_close, data, f64_math};
 use harl_build::cuda;
+use harl_build::gpu_sketch::GpuSketch;
 use harl_build::loop_ir::execute;
 use harl_build::lower::lower;
-use harl_build::tune::gpu_sketch::GpuSketch;
-use harl_build::tune::rng::Rng;
+use harl_build::rng::Rng;
 use harl_te::ops::workloads as w;
 use harl_te::{interp, Graph};
 use proptest::prelude::*;

@@ -7,11 +7,11 @@
 pub mod bandit;
 pub mod cost_model;
 pub mod features;
-pub mod gpu_sketch;
 pub mod harl;
 pub mod measure;
 pub mod ppo;
-pub mod rng;
+/// The seeded generator (shared with the GPU sketch, which needs no tuning stack).
+pub use crate::rng;
 pub mod search;
 pub mod sketch;
 pub mod stopping;

@@ -15,8 +15,8 @@
 //! construction and by lowering, before a candidate costs a trial.
 
 use crate::lower::{lower, ScheduleError, MAX_ACC_ELEMS, MAX_GPU_THREADS};
+use crate::rng::Rng;
 use crate::schedule::{Schedule, Step};
-use crate::tune::rng::Rng;
 use harl_te::Graph;
 use serde::{Deserialize, Serialize};
 
@@ -113,6 +113,45 @@ impl GpuSketch {
             reduce,
             flat_threads: rng.below(FLAT_THREADS.len()),
             unroll: rng.chance(0.5),
+        }
+    }
+
+    /// The untuned GPU schedule: a register tile of up to 4 on the two innermost spatial axes,
+    /// up to 32 threads along the innermost and 8 along the next (256 per block), reduce
+    /// steps of up to 8 unrolled, 256 threads per flat nest.
+    pub fn default_params(&self) -> GpuParams {
+        let largest = |n: usize, cap: usize| {
+            (1..=cap.min(n))
+                .rev()
+                .find(|d| n.is_multiple_of(*d))
+                .unwrap_or(1)
+        };
+        let mut spatial = Vec::new();
+        let mut reduce = Vec::new();
+        for s in self.tiled_stages() {
+            let st = &self.graph.stages[s];
+            let ns = st.shape.len();
+            let axes = (0..ns)
+                .map(|a| {
+                    let e = st.shape[a];
+                    let (tile_cap, thread_cap) = match ns - 1 - a {
+                        0 => (4, 32),
+                        1 => (4, 8),
+                        _ => (1, 1),
+                    };
+                    let tile = largest(e, tile_cap);
+                    [largest(e / tile, thread_cap), tile]
+                })
+                .collect();
+            spatial.push(axes);
+            let red = st.reduce.as_ref().map_or(&[][..], |r| &r.extents[..]);
+            reduce.push(red.iter().map(|&e| largest(e, 8)).collect());
+        }
+        GpuParams {
+            spatial,
+            reduce,
+            flat_threads: 2,
+            unroll: true,
         }
     }
 
@@ -269,6 +308,21 @@ mod tests {
                 assert!(s.steps.iter().any(|s| matches!(s, Step::BindThread { .. })));
             }
         }
+    }
+
+    #[test]
+    fn default_params_are_valid() {
+        for g in [
+            w::matmul(1024, 1024, 1024).expect("mm"),
+            w::conv2d(1, 64, 56, 56, 64, 3, 3, 1, 1, 1, 1).expect("conv"),
+            w::softmax(7, 33).expect("softmax"),
+        ] {
+            let sk = GpuSketch::new(&g).expect("sketch");
+            let p = sk.default_params();
+            sk.to_schedule(&p).expect("the default GPU schedule lowers");
+        }
+        let sk = GpuSketch::new(&w::matmul(1024, 1024, 1024).expect("mm")).expect("sketch");
+        assert_eq!(sk.default_params().spatial, vec![vec![[8, 4], [32, 4]]]);
     }
 
     #[test]
