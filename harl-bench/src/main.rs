@@ -10,6 +10,7 @@
 //! (default schedules where it has no record).
 
 mod compare;
+mod gpu;
 mod model_eval;
 mod peers;
 mod record;
@@ -45,6 +46,9 @@ usage: harl-bench [spine] [--json PATH]
                task allocation on one BERT-base encoder layer; network.json
   model-eval FILES...
                the cost model's ranking quality on held-out records.json rows vs random
+  gpu --workload W --trials N --seed K --out DIR [--batch B]
+               tune a GPU schedule on device 0 (cost-model-guided sampling of the GPU
+               sketch), verify it, compare with cuBLAS on GEMMs; summary.json, curve.csv
   summarize DIR
                one markdown table from DIR/*/summary.json (see scripts/suite.sh)
   list         the tuning suite's workloads and the workload spec keys
@@ -65,6 +69,8 @@ enum Command {
     ModelEval(Vec<String>),
     /// `list` (or `--list`): the tuning suite and the spec keys.
     List,
+    /// `gpu ...`.
+    Gpu(gpu::Options),
     /// `summarize DIR`.
     Summarize(std::path::PathBuf),
     /// `record [--out DIR]`.
@@ -96,6 +102,7 @@ fn run(command: Command) -> Result<(), Error> {
         Command::ModelEval(files) => model_eval::run(&files),
         Command::Compare(options) => compare::run(&options),
         Command::Summarize(dir) => summarize::run(&dir),
+        Command::Gpu(options) => gpu::run(&options),
         Command::List => {
             print!("{}", suite::list());
             Ok(())
@@ -116,6 +123,7 @@ fn parse(args: &[String]) -> Result<Command, Error> {
         "spine" => parse_spine(&args[1..]).map(Command::Spine),
         "help" | "-h" | "--help" => Ok(Command::Help),
         "list" | "--list" => Ok(Command::List),
+        "gpu" => gpu::parse(&args[1..]).map(Command::Gpu),
         "summarize" => match &args[1..] {
             [dir] => Ok(Command::Summarize(dir.into())),
             _ => Err(format!("summarize: expected one DIR\n{USAGE}").into()),

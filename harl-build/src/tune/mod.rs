@@ -7,6 +7,8 @@
 pub mod bandit;
 pub mod cost_model;
 pub mod features;
+#[cfg(feature = "cuda")]
+pub mod gpu_measure;
 pub mod harl;
 pub mod measure;
 pub mod ppo;
