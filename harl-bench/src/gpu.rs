@@ -2,7 +2,7 @@
 //! (GEMMs) on the same inputs.
 //!
 //! ```text
-//! harl-bench gpu --workload W --trials N --seed K --out DIR [--batch B]
+//! harl-bench gpu --workload W --trials N --seed K --out DIR [--batch B] [--record CACHE_DIR]
 //! ```
 //!
 //! The search is the cost-model-guided sampler of the GPU sketch: each round samples 512 GPU
@@ -38,6 +38,8 @@ pub struct Options {
     pub batch: usize,
     /// Output directory.
     pub out: PathBuf,
+    /// Append the best schedule to this tuning cache (`cuda-sm_XY.jsonl`).
+    pub record: Option<PathBuf>,
 }
 
 /// Parses `--key value` options of `gpu`.
@@ -48,6 +50,7 @@ pub fn parse(args: &[String]) -> Result<Options, Error> {
         seed: 0,
         batch: 32,
         out: PathBuf::from("gpu-out"),
+        record: None,
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -58,6 +61,7 @@ pub fn parse(args: &[String]) -> Result<Options, Error> {
             "--seed" => o.seed = value.parse()?,
             "--batch" => o.batch = value.parse()?,
             "--out" => o.out = value.into(),
+            "--record" => o.record = Some(value.into()),
             other => return Err(format!("gpu: unknown argument `{other}`").into()),
         }
     }
@@ -200,6 +204,19 @@ pub fn run(o: &Options) -> Result<(), Error> {
         serde_json::to_string_pretty(&summary)? + "\n",
     )?;
     std::fs::write(o.out.join("curve.csv"), curve)?;
+    if let (Some(dir), Some((latency, params))) = (&o.record, &best) {
+        let schedule = sketch.to_schedule(params)?;
+        let record = harl_build::cache::Record::new(
+            graph.workload_key(),
+            workload.name.clone(),
+            m.fingerprint(),
+            schedule,
+            *latency,
+            rows.len() as u64,
+        );
+        let path = harl_build::cache::TuningCache::new(dir).append(&record)?;
+        println!("recorded in {}", path.display());
+    }
     println!(
         "{} [gpu] {} trials in {wall:.1} s: best {} GFLOP/s, default {} GFLOP/s, cuBLAS {} GFLOP/s",
         workload.name,

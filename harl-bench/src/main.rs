@@ -46,7 +46,7 @@ usage: harl-bench [spine] [--json PATH]
                task allocation on one BERT-base encoder layer; network.json
   model-eval FILES...
                the cost model's ranking quality on held-out records.json rows vs random
-  gpu --workload W --trials N --seed K --out DIR [--batch B]
+  gpu --workload W --trials N --seed K --out DIR [--batch B] [--record CACHE_DIR]
                tune a GPU schedule on device 0 (cost-model-guided sampling of the GPU
                sketch), verify it, compare with cuBLAS on GEMMs; summary.json, curve.csv
   summarize DIR

@@ -7,6 +7,18 @@
 
 use serde::{Deserialize, Serialize};
 
+/// The ISA class of CUDA devices of compute capability `cc`: `"cuda-sm_90"` for `(9, 0)`.
+pub fn cuda_class(cc: (u32, u32)) -> String {
+    format!("cuda-sm_{}{}", cc.0, cc.1)
+}
+
+/// The compute capability of a CUDA ISA class (`"cuda-sm_90"` gives `(9, 0)`).
+pub fn cuda_capability(class: &str) -> Option<(u32, u32)> {
+    let digits = class.strip_prefix("cuda-sm_")?;
+    let (major, minor) = digits.split_at(digits.len().checked_sub(1)?);
+    Some((major.parse().ok()?, minor.parse().ok()?))
+}
+
 /// Identifies the machine (or the class of machines) a schedule was tuned for.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct TargetFingerprint {
@@ -59,6 +71,21 @@ impl TargetFingerprint {
             features: Vec::new(),
             cpu_model: "unknown".to_string(),
             cores: 1,
+        }
+    }
+
+    /// The fingerprint of a CUDA device: arch `"cuda"`, ISA class `"cuda-sm_<major><minor>"`
+    /// (records are shared by devices of one compute capability, in `cuda-sm_90.jsonl` and so
+    /// on), features `["cuda-driver-<version>"]`, the device name as the model, its
+    /// multiprocessor count as the cores. An exact match is the same device, capability and
+    /// driver version.
+    pub fn cuda(device: &str, cc: (u32, u32), driver_version: i32, multiprocessors: usize) -> Self {
+        TargetFingerprint {
+            arch: "cuda".into(),
+            isa_class: cuda_class(cc),
+            features: vec![format!("cuda-driver-{driver_version}")],
+            cpu_model: device.to_string(),
+            cores: multiprocessors.max(1),
         }
     }
 
@@ -173,6 +200,18 @@ fn cpu_model_from_cpuinfo(text: &str) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn cuda_classes_round_trip() {
+        assert_eq!(cuda_class((9, 0)), "cuda-sm_90");
+        assert_eq!(cuda_capability("cuda-sm_90"), Some((9, 0)));
+        assert_eq!(cuda_capability("cuda-sm_120"), Some((12, 0)));
+        assert_eq!(cuda_capability("x86_64-avx512"), None);
+        assert_eq!(cuda_capability("cuda-sm_"), None);
+        let fp = TargetFingerprint::cuda("NVIDIA H200", (9, 0), 12090, 132);
+        assert_eq!(fp.isa_class, "cuda-sm_90");
+        assert_eq!(fp.features, ["cuda-driver-12090"]);
+    }
     use super::*;
 
     #[test]

@@ -119,3 +119,60 @@ fn invalid_registered_kernel_is_a_typed_error() {
         .expect_err("bad name");
     assert!(err.to_string().contains("identifier"));
 }
+
+/// GPU code: a `cuda-sm_90.jsonl` record gives a program tuned for sm_90 beside the default
+/// one (when NVRTC is there to make PTX; otherwise both are warnings and the kernel has no
+/// PTX); a CPU schedule filed as a GPU record is rejected with a warning.
+#[test]
+fn gpu_records_are_picked_per_compute_capability() {
+    use harl_build::gpu_sketch::GpuSketch;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cache = dir.path().join("cache");
+    let g = workloads::matmul(16, 8, 32).expect("matmul");
+    let sk = GpuSketch::new(&g).expect("sketch");
+    let gpu_schedule = sk.to_schedule(&sk.default_params()).expect("valid");
+    let fp = TargetFingerprint::cuda("NVIDIA H200", (9, 0), 12090, 132);
+    let tc = TuningCache::new(&cache);
+    let mut good = record(gpu_schedule);
+    good.target = fp.clone();
+    assert!(tc
+        .append(&good)
+        .expect("append")
+        .ends_with("cuda-sm_90.jsonl"));
+    let mut cpu_as_gpu = record(Schedule::naive());
+    cpu_as_gpu.target = TargetFingerprint::cuda("NVIDIA A100", (8, 0), 12090, 108);
+    tc.append(&cpu_as_gpu).expect("append");
+    let out = dir.path().join("out");
+    let r = Builder::new()
+        .quiet()
+        .cuda(true)
+        .cache_dir(&cache)
+        .out_dir(&out)
+        .kernel("mm", g)
+        .try_compile()
+        .expect("build step succeeds");
+    let code = std::fs::read_to_string(out.join("harl/kernels.rs")).expect("generated");
+    assert!(
+        code.contains("pub static GPU: ::harl::gpu::GpuKernel"),
+        "{code}"
+    );
+    assert!(
+        r.warnings.iter().any(|w| w.contains("not a GPU schedule")),
+        "{:?}",
+        r.warnings
+    );
+    let has_ptx = code.contains(".entry harl_nest0");
+    if has_ptx {
+        assert!(code.contains("tuned_for: Some((9, 0))"), "{code}");
+        assert!(code.contains("tuned_for: None"), "{code}");
+        assert!(!code.contains("Some((8, 0))"));
+    } else {
+        assert!(
+            r.warnings
+                .iter()
+                .any(|w| w.contains("no tuned GPU code for sm_90")),
+            "{:?}",
+            r.warnings
+        );
+    }
+}

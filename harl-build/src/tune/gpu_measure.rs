@@ -99,6 +99,27 @@ impl GpuMeasurer {
         (self.ctx.name().unwrap_or_default(), self.cc)
     }
 
+    /// The device's tuning-cache fingerprint (name, compute capability, driver version,
+    /// multiprocessors).
+    pub fn fingerprint(&self) -> crate::target::TargetFingerprint {
+        let mut version = 0;
+        // SAFETY: the driver is loaded (checked in `new`); the call writes one int.
+        let _ = unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut version) };
+        let sms = self
+            .ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .unwrap_or(1);
+        let cc = (self.cc.0.max(0) as u32, self.cc.1.max(0) as u32);
+        crate::target::TargetFingerprint::cuda(
+            &self.ctx.name().unwrap_or_default(),
+            cc,
+            version,
+            usize::try_from(sms).unwrap_or(1),
+        )
+    }
+
     /// The device's stream (for peers timed on the same device).
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
