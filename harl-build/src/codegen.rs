@@ -9,9 +9,9 @@
 //! outermost loop on rayon through `harl::runtime::parallel_for`.
 
 use crate::default_schedule::CpuTarget;
+use crate::loop_ir::in_bounds;
 use crate::loop_ir::{LoopKind, Nest, Program, Stmt};
-use harl_te::graph::interval;
-use harl_te::{BinaryOp, CmpOp, DType, Expr, Graph, ReduceOp, TensorRef, UnaryOp};
+use harl_te::{BinaryOp, DType, Expr, Graph, ReduceOp, TensorRef, UnaryOp};
 use std::fmt::Write;
 
 /// Loops at most this long that are marked unrolled are unrolled in the source itself.
@@ -594,15 +594,7 @@ impl Cx<'_> {
                 let (x, tx) = self.expr(a);
                 let (y, ty) = self.expr(b);
                 let (x, y, _) = unify(x, tx, y, ty);
-                let o = match op {
-                    CmpOp::Eq => "==",
-                    CmpOp::Ne => "!=",
-                    CmpOp::Lt => "<",
-                    CmpOp::Le => "<=",
-                    CmpOp::Gt => ">",
-                    CmpOp::Ge => ">=",
-                };
-                (format!("({x} {o} {y})"), Ty::Val(DType::Bool))
+                (format!("({x} {} {y})", op.symbol()), Ty::Val(DType::Bool))
             }
             Expr::Select(c, a, b) => {
                 let (c, _) = self.expr(c);
@@ -627,10 +619,7 @@ impl Cx<'_> {
             TensorRef::Input(i) => format!("b.i{i}.0"),
             TensorRef::Stage(s) => format!("b.s{s}.0"),
         };
-        let provable = idx.iter().zip(&shape).all(|(e, &n)| {
-            let (lo, hi) = interval(e, &self.p.var_extents);
-            lo >= 0 && hi < n as i64
-        });
+        let provable = in_bounds(idx, &shape, &self.p.var_extents);
         if provable {
             let flat = self.flat(t, idx);
             return (format!("(*{base}.add({flat}))"), Ty::Val(dtype));

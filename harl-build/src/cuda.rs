@@ -9,9 +9,9 @@
 //! fill kernel launched before it. Every kernel takes the same parameters: the inputs
 //! (`const T* __restrict__ i0..`) then each stage buffer (`T* s0..`), the output last.
 
+use crate::loop_ir::in_bounds;
 use crate::loop_ir::{LoopKind, Nest, Program, Stmt};
-use harl_te::graph::interval;
-use harl_te::{BinaryOp, CmpOp, DType, Expr, ReduceOp, TensorRef, UnaryOp};
+use harl_te::{BinaryOp, DType, Expr, ReduceOp, TensorRef, UnaryOp};
 
 /// Threads per block of the fill kernels.
 const FILL_THREADS: usize = 256;
@@ -400,15 +400,7 @@ impl Cx<'_> {
                 let (x, tx) = self.expr(a);
                 let (y, ty) = self.expr(b);
                 let (x, y, _) = unify(x, tx, y, ty);
-                let o = match op {
-                    CmpOp::Eq => "==",
-                    CmpOp::Ne => "!=",
-                    CmpOp::Lt => "<",
-                    CmpOp::Le => "<=",
-                    CmpOp::Gt => ">",
-                    CmpOp::Ge => ">=",
-                };
-                (format!("({x} {o} {y})"), Ty::Val(DType::Bool))
+                (format!("({x} {} {y})", op.symbol()), Ty::Val(DType::Bool))
             }
             Expr::Select(c, a, b) => {
                 let (c, _) = self.expr(c);
@@ -434,10 +426,7 @@ impl Cx<'_> {
             TensorRef::Input(i) => format!("i{i}"),
             TensorRef::Stage(s) => format!("s{s}"),
         };
-        let provable = idx.iter().zip(&shape).all(|(e, &n)| {
-            let (lo, hi) = interval(e, &self.p.var_extents);
-            lo >= 0 && hi < n as i64
-        });
+        let provable = in_bounds(idx, &shape, &self.p.var_extents);
         if provable {
             let flat = self.flat(t, idx);
             return (format!("{base}[{flat}]"), Ty::Val(dtype));

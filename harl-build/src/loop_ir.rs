@@ -122,6 +122,15 @@ pub struct Program {
     pub has_buffer: Vec<bool>,
 }
 
+/// Whether interval analysis proves every index of an access within `shape`, given the loop
+/// variables' extents (codegen then emits it unchecked).
+pub fn in_bounds(index: &[Expr], shape: &[usize], var_extents: &[usize]) -> bool {
+    index.iter().zip(shape).all(|(e, &n)| {
+        let (lo, hi) = harl_te::graph::interval(e, var_extents);
+        lo >= 0 && hi < n as i64
+    })
+}
+
 /// Why [`execute`] failed: only for malformed programs or inputs.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ExecError {
