@@ -14,6 +14,7 @@ mod gpu;
 mod model_eval;
 mod peers;
 mod record;
+mod remeasure;
 mod report;
 mod spine;
 mod suite;
@@ -51,6 +52,9 @@ usage: harl-bench [spine] [--json PATH]
                sketch), verify it, compare with cuBLAS on GEMMs; summary.json, curve.csv
   summarize DIR
                one markdown table from DIR/*/summary.json (see scripts/suite.sh)
+  remeasure DIR [--threads T] [--rounds R]
+               time the tuned schedules under DIR, the default schedule and the gemm crate
+               again, interleaved in one run (R rounds, medians); DIR/remeasure.json
   list         the tuning suite's workloads and the workload spec keys
   help         print this text";
 
@@ -71,6 +75,8 @@ enum Command {
     List,
     /// `gpu ...`.
     Gpu(gpu::Options),
+    /// `remeasure DIR [--threads T] [--rounds R]`.
+    Remeasure(std::path::PathBuf, usize, usize),
     /// `summarize DIR`.
     Summarize(std::path::PathBuf),
     /// `record [--out DIR]`.
@@ -102,6 +108,7 @@ fn run(command: Command) -> Result<(), Error> {
         Command::ModelEval(files) => model_eval::run(&files),
         Command::Compare(options) => compare::run(&options),
         Command::Summarize(dir) => summarize::run(&dir),
+        Command::Remeasure(dir, threads, rounds) => remeasure::run(&dir, threads, rounds),
         Command::Gpu(options) => gpu::run(&options),
         Command::List => {
             print!("{}", suite::list());
@@ -124,6 +131,7 @@ fn parse(args: &[String]) -> Result<Command, Error> {
         "help" | "-h" | "--help" => Ok(Command::Help),
         "list" | "--list" => Ok(Command::List),
         "gpu" => gpu::parse(&args[1..]).map(Command::Gpu),
+        "remeasure" => parse_remeasure(&args[1..]),
         "summarize" => match &args[1..] {
             [dir] => Ok(Command::Summarize(dir.into())),
             _ => Err(format!("summarize: expected one DIR\n{USAGE}").into()),
@@ -153,6 +161,24 @@ fn parse(args: &[String]) -> Result<Command, Error> {
         option if option.starts_with('-') => parse_spine(args).map(Command::Spine),
         other => Err(format!("unknown command `{other}`\n{USAGE}").into()),
     }
+}
+
+/// Parses `remeasure DIR [--threads T] [--rounds R]`.
+fn parse_remeasure(args: &[String]) -> Result<Command, Error> {
+    let (dir, rest) = args
+        .split_first()
+        .ok_or_else(|| format!("remeasure: expected DIR\n{USAGE}"))?;
+    let (mut threads, mut rounds) = (1, 3);
+    let mut it = rest.iter();
+    while let Some(flag) = it.next() {
+        let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        match flag.as_str() {
+            "--threads" => threads = value.parse()?,
+            "--rounds" => rounds = value.parse()?,
+            other => return Err(format!("remeasure: unknown argument `{other}`").into()),
+        }
+    }
+    Ok(Command::Remeasure(dir.into(), threads, rounds))
 }
 
 /// Parses the options of `spine`.

@@ -12,6 +12,7 @@ use crate::workload::Matmul;
 use crate::Error;
 use harl_build::codegen::Variant;
 use harl_build::default_schedule::{default_schedule, CpuTarget};
+use harl_build::schedule::Schedule;
 use harl_build::target::TargetFingerprint;
 use harl_build::tune::cost_model::XgbModel;
 use harl_build::tune::measure::Candidate;
@@ -175,6 +176,27 @@ fn host_target(threads: usize) -> CpuTarget {
     variant.cpu_target(&host.arch, threads)
 }
 
+/// Latencies of `schedule` and of the default schedule, measured in one batch like trials
+/// (`[tuned, default]`, each empty if that trial failed).
+pub fn measure_schedules(
+    graph: &Graph,
+    schedule: &Schedule,
+    threads: usize,
+    seed: u64,
+) -> Result<[Vec<f64>; 2], Error> {
+    let default = default_schedule(graph, &host_target(threads));
+    let mut m = measurer(threads, seed)?;
+    let r = m.measure(
+        graph,
+        &[
+            Candidate::Schedule(schedule.clone()),
+            Candidate::Schedule(default),
+        ],
+    );
+    let lat = |i: usize| r.get(i).and_then(|m| m.latency_s).into_iter().collect();
+    Ok([lat(0), lat(1)])
+}
+
 /// Median latency of the untuned default schedule, measured like a trial.
 fn measure_default(graph: &Graph, threads: usize, seed: u64) -> Result<Option<f64>, Error> {
     let schedule = default_schedule(graph, &host_target(threads));
@@ -211,7 +233,8 @@ pub fn run_tasks(tasks: Vec<Task>, spec: &RunSpec<'_>) -> Result<TuneResult, Err
     ))
 }
 
-fn gemm_gflops(mm: Matmul, threads: usize) -> Result<f64, Error> {
+/// The `gemm` crate's GFLOP/s on this GEMM with `threads` threads (median of the timing loop).
+pub fn gemm_gflops(mm: Matmul, threads: usize) -> Result<f64, Error> {
     let lhs: Vec<f32> = (0..mm.m * mm.k)
         .map(|i| (i % 17) as f32 / 17.0 - 0.5)
         .collect();
