@@ -102,12 +102,13 @@ pub fn run(o: &Options) -> Result<(), Error> {
         let f = features::extract(&lower(&graph, &s).ok()?);
         Some((s, f))
     };
+    let default_params = sketch.default_params();
     let mut first = true;
     while rows.len() < o.trials {
         let want = o.batch.min(o.trials - rows.len());
         let mut picks: Vec<GpuParams> = Vec::new();
         if first {
-            picks.push(sketch.default_params());
+            picks.push(default_params.clone());
         }
         let mut pool: Vec<(GpuParams, Vec<f32>)> = Vec::new();
         for _ in 0..POOL {
@@ -151,7 +152,7 @@ pub fn run(o: &Options) -> Result<(), Error> {
                 eprintln!("  trial {}: {e}", rows.len() + 1);
             }
             let latency = result.ok();
-            if first && p == sketch.default_params() {
+            if first && p == default_params {
                 default_latency = latency;
             }
             if let Some(l) = latency {

@@ -13,13 +13,7 @@ use std::path::Path;
 
 /// Re-measures every tuned workload under `dir`: `rounds` rounds, medians.
 pub fn run(dir: &Path, threads: usize, rounds: usize) -> Result<(), Error> {
-    let mut entries: Vec<_> = std::fs::read_dir(dir)
-        .map_err(|e| format!("{}: {e}", dir.display()))?
-        .filter_map(Result::ok)
-        .map(|e| e.path().join("summary.json"))
-        .filter(|p| p.is_file())
-        .collect();
-    entries.sort();
+    let entries = crate::summarize::summary_files(dir)?;
     let mut rows = Vec::new();
     println!("| workload | tuned GFLOP/s | default GFLOP/s | tuned/default | gemm crate GFLOP/s | tuned/gemm |\n|---|---|---|---|---|---|");
     for path in entries {

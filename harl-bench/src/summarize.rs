@@ -3,17 +3,23 @@
 
 use crate::Error;
 use serde_json::Value;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-/// The table's rows, one per `DIR/*/summary.json`, in directory order.
-pub fn table(dir: &Path) -> Result<String, Error> {
-    let mut entries: Vec<_> = std::fs::read_dir(dir)
+/// The `DIR/*/summary.json` files, sorted by path.
+pub fn summary_files(dir: &Path) -> Result<Vec<PathBuf>, Error> {
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(|e| format!("{}: {e}", dir.display()))?
         .filter_map(Result::ok)
         .map(|e| e.path().join("summary.json"))
         .filter(|p| p.is_file())
         .collect();
     entries.sort();
+    Ok(entries)
+}
+
+/// The table's rows, one per `DIR/*/summary.json`, in directory order.
+pub fn table(dir: &Path) -> Result<String, Error> {
+    let entries = summary_files(dir)?;
     if entries.is_empty() {
         return Err(format!("no */summary.json under {}", dir.display()).into());
     }

@@ -157,24 +157,27 @@ pub struct RunSpec<'a> {
     pub seed_default: bool,
 }
 
-fn measurer(threads: usize, seed: u64) -> Result<Measurer, Error> {
+/// The bench's measure settings: this workspace's worker dir, `threads`, `seed`, a 10 s timeout.
+fn measure_config(threads: usize, seed: u64) -> MeasureConfig {
     let mut config =
         MeasureConfig::new(work_dir(), Path::new(env!("CARGO_MANIFEST_DIR")).join(".."));
     config.threads = threads;
     config.seed = seed;
     config.timeout = Duration::from_secs(10);
-    Ok(Measurer::new(config)?)
+    config
+}
+
+fn measurer(threads: usize, seed: u64) -> Result<Measurer, Error> {
+    Ok(Measurer::new(measure_config(threads, seed))?)
 }
 
 /// A measurer that times every candidate in full (no one-run cutoff, no relative timeout).
 fn full_measurer(threads: usize, seed: u64) -> Result<Measurer, Error> {
-    let mut config =
-        MeasureConfig::new(work_dir(), Path::new(env!("CARGO_MANIFEST_DIR")).join(".."));
-    config.threads = threads;
-    config.seed = seed;
-    config.slow_cutoff = 0.0;
-    config.relative_timeout = 0.0;
-    Ok(Measurer::new(config)?)
+    Ok(Measurer::new(MeasureConfig {
+        slow_cutoff: 0.0,
+        relative_timeout: 0.0,
+        ..measure_config(threads, seed)
+    })?)
 }
 
 /// The default schedule's plan for this machine's variant with `threads` threads.
