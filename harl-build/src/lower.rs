@@ -238,6 +238,11 @@ impl Lowering {
             }
             Step::ComputeInline { stage } => self.inline(*stage),
             Step::Rfactor { stage, factor } => self.rfactor(*stage, *factor),
+            Step::CacheRead {
+                stage,
+                input,
+                order,
+            } => self.cache_read(*stage, *input, order),
             Step::ComputeAt { stage, target, at } => {
                 self.check_loop(*target, *at)?;
                 let c = *stage;
@@ -426,20 +431,7 @@ impl Lowering {
                 "factor {factor} must divide the reduce extent {extent} and be between 2 and it"
             ));
         }
-        let untouched = |st: &StageState, g: &harl_te::Stage| {
-            st.attach == Attach::Root
-                && st.cache_write.is_none()
-                && st.loops.len() == g.axis_extents().len()
-                && st
-                    .loops
-                    .iter()
-                    .all(|l| l.parts.len() == 1 && l.kind == LoopKind::Serial)
-        };
-        if (s..self.stages.len()).any(|i| !untouched(&self.stages[i], &self.graph.stages[i]))
-            || self.attached.keys().any(|&(t, _)| t >= s)
-        {
-            return Err("rfactor must come before other steps on this stage and later ones".into());
-        }
+        self.check_untouched_from(s, "rfactor")?;
         let n = stage.n_spatial();
         // Partial stage: spatial axes ++ [rf], reduce over [outer, other reduce axes...].
         let body = stage.body.map(&mut |e| match e {
@@ -461,7 +453,43 @@ impl Lowering {
             body,
             dtype: stage.dtype,
         };
-        // Later loads of stage >= s move up by one.
+        self.insert_stage(s, partial);
+        let mut idx: Vec<Expr> = (0..n).map(Expr::Axis).collect();
+        idx.push(Expr::Axis(n));
+        let final_stage = &mut self.graph.stages[s + 1];
+        final_stage.reduce = Some(harl_te::Reduction {
+            op: red.op,
+            extents: vec![factor],
+        });
+        final_stage.body = Expr::Load(TensorRef::Stage(s), idx);
+        self.stages[s + 1] = StageState::new(&self.graph.stages[s + 1].axis_extents(), n);
+        Ok(())
+    }
+
+    /// Steps that insert a stage (rfactor, cache_read) renumber the stages after it, so they
+    /// must come before any other step on those stages.
+    fn check_untouched_from(&self, s: usize, what: &str) -> Result<(), String> {
+        let untouched = |st: &StageState, g: &harl_te::Stage| {
+            st.attach == Attach::Root
+                && st.cache_write.is_none()
+                && st.loops.len() == g.axis_extents().len()
+                && st
+                    .loops
+                    .iter()
+                    .all(|l| l.parts.len() == 1 && l.kind == LoopKind::Serial)
+        };
+        if (s..self.stages.len()).any(|i| !untouched(&self.stages[i], &self.graph.stages[i]))
+            || self.attached.keys().any(|&(t, _)| t >= s)
+        {
+            return Err(format!(
+                "{what} must come before other steps on this stage and later ones"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Inserts stage `s` (shifting `s..` up by one), renumbering later loads of stages `>= s`.
+    fn insert_stage(&mut self, s: usize, stage: harl_te::Stage) {
         for st in &mut self.graph.stages[s..] {
             st.body = st.body.map(&mut |e| match e {
                 Expr::Load(TensorRef::Stage(t), idx) if t >= s => {
@@ -470,19 +498,57 @@ impl Lowering {
                 other => other,
             });
         }
-        let mut idx: Vec<Expr> = (0..n).map(Expr::Axis).collect();
-        idx.push(Expr::Axis(n));
-        let final_stage = &mut self.graph.stages[s];
-        final_stage.reduce = Some(harl_te::Reduction {
-            op: red.op,
-            extents: vec![factor],
+        let axes = stage.axis_extents();
+        let n_spatial = stage.n_spatial();
+        self.graph.stages.insert(s, stage);
+        self.stages.insert(s, StageState::new(&axes, n_spatial));
+    }
+
+    fn cache_read(&mut self, s: usize, input: usize, order: &[usize]) -> Result<(), String> {
+        if s >= self.graph.stages.len() {
+            return Err(format!("stage {s} does not exist"));
+        }
+        let Some(param) = self.graph.inputs.get(input) else {
+            return Err(format!("input {input} does not exist"));
+        };
+        let rank = param.shape.len();
+        let mut seen = vec![false; rank];
+        if order.len() != rank
+            || order
+                .iter()
+                .any(|&o| o >= rank || std::mem::replace(&mut seen[o], true))
+        {
+            return Err(format!("{order:?} is not a permutation of {rank} axes"));
+        }
+        let mut reads = false;
+        self.graph.stages[s].body.visit(&mut |e| {
+            reads |= matches!(e, Expr::Load(TensorRef::Input(i), _) if *i == input);
         });
-        final_stage.body = Expr::Load(TensorRef::Stage(s), idx);
-        let mut axes = shape.clone();
-        axes.extend_from_slice(&extents);
-        self.graph.stages.insert(s, partial);
-        self.stages.insert(s, StageState::new(&axes, shape.len()));
-        self.stages[s + 1] = StageState::new(&self.graph.stages[s + 1].axis_extents(), n);
+        if !reads {
+            return Err(format!("stage {s} does not read input {input}"));
+        }
+        self.check_untouched_from(s, "cache_read")?;
+        // The copy's element at axes (a_0..a_r) is the input at a_{inverse(order)}.
+        let mut src = vec![Expr::int(0); rank];
+        for (i, &o) in order.iter().enumerate() {
+            src[o] = Expr::Axis(i);
+        }
+        let copy = harl_te::Stage {
+            name: format!("{}_read{input}", self.graph.stages[s].name),
+            shape: order.iter().map(|&o| param.shape[o]).collect(),
+            reduce: None,
+            body: Expr::Load(TensorRef::Input(input), src),
+            dtype: param.dtype,
+        };
+        self.insert_stage(s, copy);
+        let reader = &mut self.graph.stages[s + 1];
+        reader.body = reader.body.map(&mut |e| match e {
+            Expr::Load(TensorRef::Input(i), idx) if i == input => Expr::Load(
+                TensorRef::Stage(s),
+                order.iter().map(|&o| idx[o].clone()).collect(),
+            ),
+            other => other,
+        });
         Ok(())
     }
 

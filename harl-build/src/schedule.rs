@@ -70,6 +70,20 @@ pub enum Step {
         /// Number of partial results; must divide the first reduce extent.
         factor: usize,
     },
+    /// Copies graph input `input`, as `stage` reads it, into a new root stage inserted before
+    /// `stage`, with its axes permuted: the copy's axis `i` is the input's axis `order[i]`. Then
+    /// `stage` reads the copy, so a layout that makes the stage's vector loop walk contiguous
+    /// memory costs one pass over the (small) input. Stages from `stage` on move up one index
+    /// for the steps that follow; like [`Step::Rfactor`], it must come before any other step on
+    /// `stage` or a later stage.
+    CacheRead {
+        /// The stage whose reads are redirected.
+        stage: usize,
+        /// Index of the graph input it reads.
+        input: usize,
+        /// A permutation of the input's axes.
+        order: Vec<usize>,
+    },
     /// Runs loop `at` on the thread pool; it must be the outermost loop of a root stage.
     Parallel {
         /// Stage index.

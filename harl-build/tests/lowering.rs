@@ -215,3 +215,59 @@ fn rfactor_then_parallel_partials_matches() {
     )
     .is_err());
 }
+
+#[test]
+fn cache_read_copies_an_input_in_a_new_layout() {
+    // conv2d with padding: stage 0 pads, stage 1 convolves reading the filter (input 1).
+    let g = harl_te::ops::workloads::conv2d(1, 3, 7, 6, 4, 3, 3, 2, 1, 1, 1).expect("conv2d");
+    let filter_last = Schedule {
+        steps: vec![
+            Step::CacheRead {
+                stage: 1,
+                input: 1,
+                order: vec![1, 2, 3, 0],
+            },
+            // The conv is stage 2 now; its filter axis (1) goes innermost and is vectorised.
+            Step::Reorder {
+                stage: 2,
+                order: vec![0, 2, 3, 4, 5, 6, 1],
+            },
+            Step::Vectorize { stage: 2, at: 6 },
+            Step::Parallel { stage: 0, at: 0 },
+        ],
+    };
+    check(&g, &filter_last, 4);
+    let program = lower(&g, &filter_last).expect("lowers");
+    assert_eq!(program.graph.stages.len(), 3);
+    assert_eq!(program.graph.stages[1].shape, [3, 3, 3, 4]);
+    let bad = [
+        // Not a permutation, an input the stage does not read, a missing input or stage.
+        (1, 1, vec![0, 1, 2, 2]),
+        (0, 1, vec![1, 2, 3, 0]),
+        (1, 5, vec![0]),
+        (7, 1, vec![1, 2, 3, 0]),
+    ];
+    for (stage, input, order) in bad {
+        let step = Step::CacheRead {
+            stage,
+            input,
+            order,
+        };
+        let s = Schedule {
+            steps: vec![step.clone()],
+        };
+        assert!(lower(&g, &s).is_err(), "{step:?} should be rejected");
+    }
+    // After another step on the stage, it would renumber scheduled stages: rejected.
+    let late = Schedule {
+        steps: vec![
+            Step::Parallel { stage: 1, at: 0 },
+            Step::CacheRead {
+                stage: 1,
+                input: 1,
+                order: vec![1, 2, 3, 0],
+            },
+        ],
+    };
+    assert!(lower(&g, &late).is_err());
+}

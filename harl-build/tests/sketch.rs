@@ -269,7 +269,15 @@ fn sketches_per_workload() {
         names(&w::matmul(2, 129, 3).expect("mm")),
         ["tile+cache_write", "tile", "rfactor"]
     );
+    // A strided convolution reads its input at stride 2 along the output's last axis: a third
+    // sketch vectorises the filter axis over a filter copy with that axis last.
     let conv = w::conv2d(1, 3, 7, 6, 4, 3, 3, 2, 1, 1, 1).expect("conv2d");
+    assert_eq!(
+        names(&conv),
+        ["tile+cache_write", "tile", "tile+cache_read+cache_write"]
+    );
+    // At stride 1 the last axis reads the input contiguously: no layout sketch.
+    let conv = w::conv2d(1, 3, 7, 6, 4, 3, 3, 1, 1, 1, 1).expect("conv2d");
     assert_eq!(names(&conv), ["tile+cache_write", "tile"]);
     let sm = w::softmax(3, 48).expect("softmax");
     assert_eq!(
@@ -522,6 +530,7 @@ fn samples_exercise_every_step_and_emit() {
         "ComputeAt",
         "ComputeInline",
         "Rfactor",
+        "CacheRead",
         "Parallel",
         "Vectorize",
         "Unroll",

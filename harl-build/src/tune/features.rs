@@ -801,7 +801,9 @@ struct AccessRaw {
 }
 
 /// Evaluates an integer index expression (`None` if it is not plain index arithmetic).
-fn eval_int(e: &Expr, vals: &[i64]) -> Option<i64> {
+/// The value of an integer index expression at the given axis values (`None` if it is not
+/// a plain integer expression or overflows).
+pub(crate) fn eval_int(e: &Expr, vals: &[i64]) -> Option<i64> {
     Some(match e {
         Expr::Const(c, _) => *c as i64,
         Expr::Axis(v) => *vals.get(*v)?,

@@ -18,6 +18,13 @@
 //!    accumulator (`cache_write`) at the end of `S1` or `S2`; the same with the elementwise
 //!    consumer fused as an epilogue at the end of `S0` or `S1` (when there is one); and without
 //!    an accumulator.
+//!    A fourth variant, for a tiled stage whose last axis reads an operand with a stride (a
+//!    strided convolution, whose vector loop over output columns would gather every other input
+//!    element): vectorise instead a spatial axis that indexes a whole dimension of a graph
+//!    input no other operand depends on (the filter axis), reading that input through a
+//!    `cache_read` copy with the dimension moved last, with a register accumulator at the end
+//!    of `S1` or `S2`. The vector loop then loads contiguous filter rows and broadcasts the
+//!    input, as hand-written first-layer convolutions do.
 //! 3. A reduction with little output parallelism (under 64 elements per thread) and a long
 //!    reduction (32 or more, first reduce extent not prime) also gets an `rfactor` variant: the
 //!    partials axis is split in two, its outer part runs in parallel with the outer spatial
@@ -36,6 +43,7 @@
 use crate::default_schedule::{plan_tiles, CpuTarget};
 use crate::lower::{lower, ScheduleError, MAX_ACC_ELEMS, MAX_UNROLL};
 use crate::schedule::{Schedule, Step};
+use crate::tune::features::eval_int;
 use crate::tune::rng::Rng;
 use harl_te::{DType, Expr, Graph, TensorRef};
 use serde::{Deserialize, Serialize};
@@ -148,9 +156,20 @@ enum Plan {
         cache_write: bool,
         epilogue: Option<usize>,
         first_axis: usize,
+        layout: Option<Layout>,
     },
     /// Rfactor on the first reduce axis, with the partials axis split (tiles entry `axis`).
     Rfactor { axis: usize },
+}
+
+/// A tiled stage that vectorises spatial axis `vec_axis` instead of the last one, reading graph
+/// input `input` through a copy whose axes are permuted by `order` (a cache_read), so that the
+/// vector loop walks that copy contiguously.
+#[derive(Clone, Debug, PartialEq)]
+struct Layout {
+    vec_axis: usize,
+    input: usize,
+    order: Vec<usize>,
 }
 
 /// One tiled axis of the sketch.
@@ -208,16 +227,20 @@ pub fn generate_sketches(graph: &Graph, target: &CpuTarget) -> Vec<Sketch> {
             let tiled = tileable(graph, s);
             let mut v = Vec::new();
             if tiled {
-                let tile = |cache_write, epilogue| Plan::Tiled {
+                let tile = |cache_write, epilogue, layout| Plan::Tiled {
                     cache_write,
                     epilogue,
                     first_axis: 0,
+                    layout,
                 };
-                v.push(tile(true, None));
+                v.push(tile(true, None, None));
                 if let Some(c) = epilogue_consumer(graph, s, &inlined) {
-                    v.push(tile(true, Some(c)));
+                    v.push(tile(true, Some(c), None));
                 }
-                v.push(tile(false, None));
+                v.push(tile(false, None, None));
+                if let Some(l) = layout_choice(graph, s) {
+                    v.push(tile(true, None, Some(l)));
+                }
             } else {
                 v.push(Plan::Simple);
             }
@@ -292,6 +315,7 @@ impl Sketch {
                     first_axis,
                     cache_write,
                     epilogue,
+                    ..
                 } => {
                     *first_axis = axes.len();
                     any_cw |= *cache_write;
@@ -347,6 +371,9 @@ impl Sketch {
                         epilogue: Some(_),
                         ..
                     } => "tile+cache_write+fuse_epilogue",
+                    Plan::Tiled {
+                        layout: Some(_), ..
+                    } => "tile+cache_read+cache_write",
                     Plan::Tiled {
                         cache_write: true, ..
                     } => "tile+cache_write",
@@ -461,6 +488,9 @@ impl Sketch {
             let ns = stage.n_spatial();
             let red = stage.reduce.as_ref().map_or(&[][..], |r| &r.extents[..]);
             match *plan {
+                Plan::Tiled {
+                    layout: Some(_), ..
+                } => return None,
                 Plan::Tiled {
                     first_axis,
                     epilogue,
@@ -768,21 +798,39 @@ impl Sketch {
     /// The steps of a checked parameter set.
     fn build(&self, p: &Params) -> Vec<Step> {
         let n = self.plans.len();
-        let rfactored: Vec<usize> = (0..n)
-            .filter(|&s| matches!(self.plans[s], Plan::Rfactor { .. }))
+        // Stages whose plan inserts a stage before them (rfactor's partials, cache_read's copy).
+        let inserting: Vec<usize> = (0..n)
+            .filter(|&s| {
+                matches!(
+                    self.plans[s],
+                    Plan::Rfactor { .. }
+                        | Plan::Tiled {
+                            layout: Some(_),
+                            ..
+                        }
+                )
+            })
             .collect();
-        // Index of original stage `s` once the rfactors have inserted their partial stages.
-        let new_index = |s: usize| s + rfactored.iter().filter(|&&r| r <= s).count();
+        // Index of original stage `s` once the inserted stages are in.
+        let new_index = |s: usize| s + inserting.iter().filter(|&&r| r <= s).count();
         let width = p.vector.checked_sub(1).map(|i| self.widths[i]);
         let unroll = UNROLL_STEPS[p.unroll];
         let attach = self.attach[p.compute_at];
         let mut steps = Vec::new();
-        for (k, &r) in rfactored.iter().enumerate() {
-            if let Plan::Rfactor { axis } = self.plans[r] {
-                steps.push(Step::Rfactor {
+        for (k, &r) in inserting.iter().enumerate() {
+            match &self.plans[r] {
+                Plan::Rfactor { axis } => steps.push(Step::Rfactor {
                     stage: r + k,
-                    factor: p.tiles[axis].iter().product(),
-                });
+                    factor: p.tiles[*axis].iter().product(),
+                }),
+                Plan::Tiled {
+                    layout: Some(l), ..
+                } => steps.push(Step::CacheRead {
+                    stage: r + k,
+                    input: l.input,
+                    order: l.order.clone(),
+                }),
+                _ => {}
             }
         }
         for (s, plan) in self.plans.iter().enumerate() {
@@ -825,12 +873,15 @@ impl Sketch {
                     cache_write,
                     epilogue,
                     first_axis,
+                    ref layout,
                 } => {
                     let n_axes = stage.axis_extents().len();
+                    let ns = stage.n_spatial();
                     let tiled = TiledStage {
                         stage: new_index(s),
                         extents: stage.axis_extents(),
-                        ns: stage.n_spatial(),
+                        ns,
+                        vec_axis: layout.as_ref().map_or(ns - 1, |l| l.vec_axis),
                         tiles: &p.tiles[first_axis..first_axis + n_axes],
                         acc: cache_write.then_some(attach.acc),
                         epilogue: epilogue.map(|c| (new_index(c), attach.epi.unwrap_or(0))),
@@ -1026,6 +1077,8 @@ struct TiledStage<'a> {
     stage: usize,
     extents: Vec<usize>,
     ns: usize,
+    /// The spatial axis whose `S3` tile is innermost (and vectorised).
+    vec_axis: usize,
     /// Inner tiles of each axis (3 per spatial axis, 1 per reduce axis).
     tiles: &'a [Vec<usize>],
     /// Accumulator at the end of this level (1 or 2), if any.
@@ -1044,12 +1097,17 @@ fn emit_tiled(steps: &mut Vec<Step>, t: &TiledStage<'_>, ann: &Annotations) {
     }
     let spatial = |l: usize| (0..ns).map(move |a| (a, l));
     let reduce = |l: usize| (ns..ns + nr).map(move |a| (a, l));
+    let vec_axis = t.vec_axis;
+    let innermost = (0..ns)
+        .filter(|&a| a != vec_axis)
+        .chain([vec_axis])
+        .map(|a| (a, 3));
     let order: Vec<(usize, usize)> = spatial(0)
         .chain(spatial(1))
         .chain(reduce(0))
         .chain(spatial(2))
         .chain(reduce(1))
-        .chain(spatial(3))
+        .chain(innermost)
         .collect();
     loops.reorder(steps, &order);
     // Ends of the levels, before fusion.
@@ -1071,8 +1129,8 @@ fn emit_tiled(steps: &mut Vec<Step>, t: &TiledStage<'_>, ann: &Annotations) {
     if fused > 0 {
         steps.push(Step::Parallel { stage: s, at: 0 });
     }
-    let last = &t.tiles[ns - 1];
-    let exact = t.extents[ns - 1].is_multiple_of(last.iter().product::<usize>());
+    let last = &t.tiles[vec_axis];
+    let exact = t.extents[vec_axis].is_multiple_of(last.iter().product::<usize>());
     let inner = last.last().copied().unwrap_or(1);
     let vector = exact && ann.width.is_some_and(|w| (2..=w).contains(&inner));
     if vector {
@@ -1217,6 +1275,73 @@ fn tileable(graph: &Graph, s: usize) -> bool {
         }
     });
     contiguous && reuse
+}
+
+/// Rule 2b: a tileable stage whose last spatial axis walks some operand with a stride other
+/// than 0 or 1 (a strided convolution's input) may vectorise another spatial axis instead: one
+/// that indexes a whole dimension of a graph input which does not depend on the last axis, and
+/// that no other operand depends on (a convolution's filter axis: every other operand is then
+/// broadcast along the vector). That input is read through a copy with that dimension last.
+/// The axis with the largest extent wins.
+fn layout_choice(graph: &Graph, s: usize) -> Option<Layout> {
+    let stage = &graph.stages[s];
+    let ns = stage.n_spatial();
+    let last = ns.checked_sub(1)?;
+    let n_axes = stage.axis_extents().len();
+    let step = |e: &Expr, a: usize| -> Option<i64> {
+        let mut vals = vec![0i64; n_axes];
+        let base = eval_int(e, &vals)?;
+        vals[a] = 1;
+        eval_int(e, &vals)?.checked_sub(base)
+    };
+    let mut loads = Vec::new();
+    stage.body.visit(&mut |e| {
+        if let Expr::Load(t, idx) = e {
+            loads.push((*t, idx.clone()));
+        }
+    });
+    let strided = loads.iter().any(|(_, idx)| {
+        idx.last()
+            .is_some_and(|l| !matches!(step(l, last), Some(0 | 1)))
+    });
+    if !strided {
+        return None;
+    }
+    let mut best: Option<(usize, Layout)> = None;
+    for a in 0..last {
+        let extent = stage.shape[a];
+        for (k, (t, idx)) in loads.iter().enumerate() {
+            let TensorRef::Input(input) = *t else {
+                continue;
+            };
+            let Some(dim) = idx.iter().position(|i| *i == Expr::Axis(a)) else {
+                continue;
+            };
+            let others_broadcast = loads.iter().enumerate().all(|(j, (u, jdx))| {
+                if j == k || *u == *t {
+                    return *u != *t || jdx == idx;
+                }
+                !jdx.iter().any(|i| uses_axis(i, a))
+            });
+            let independent_of_last = !idx.iter().any(|i| uses_axis(i, last));
+            if dim + 1 == idx.len() || !others_broadcast || !independent_of_last {
+                continue;
+            }
+            if best.as_ref().is_some_and(|(e, _)| *e >= extent) || extent < 2 {
+                continue;
+            }
+            let order = (0..idx.len()).filter(|&d| d != dim).chain([dim]).collect();
+            best = Some((
+                extent,
+                Layout {
+                    vec_axis: a,
+                    input,
+                    order,
+                },
+            ));
+        }
+    }
+    best.map(|(_, l)| l)
 }
 
 /// Rfactor applies: little output parallelism (fewer than 64 elements per thread, and for a
