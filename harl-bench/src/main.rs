@@ -13,6 +13,7 @@ mod compare;
 mod gpu;
 mod model_eval;
 mod peers;
+mod probe;
 mod record;
 mod remeasure;
 mod report;
@@ -55,6 +56,9 @@ usage: harl-bench [spine] [--json PATH]
   remeasure DIR [--threads T] [--rounds R]
                time the tuned schedules under DIR, the default schedule and the gemm crate
                again, interleaved in one run (R rounds, medians); DIR/remeasure.json
+  probe --workload W [--threads T] [--rounds R]
+               time the default schedule twice and each sketch's seed in one batch,
+               rotating their order (a check of the measurer)
   list         the tuning suite's workloads and the workload spec keys
   help         print this text";
 
@@ -77,6 +81,8 @@ enum Command {
     Gpu(gpu::Options),
     /// `remeasure DIR [--threads T] [--rounds R]`.
     Remeasure(std::path::PathBuf, usize, usize),
+    /// `probe --workload W [--threads T] [--rounds R]`.
+    Probe(String, usize, usize),
     /// `summarize DIR`.
     Summarize(std::path::PathBuf),
     /// `record [--out DIR]`.
@@ -107,6 +113,7 @@ fn run(command: Command) -> Result<(), Error> {
         Command::Tune(options) => tune::run(&options),
         Command::ModelEval(files) => model_eval::run(&files),
         Command::Compare(options) => compare::run(&options),
+        Command::Probe(w, threads, rounds) => probe::run(&w, threads, rounds),
         Command::Summarize(dir) => summarize::run(&dir),
         Command::Remeasure(dir, threads, rounds) => remeasure::run(&dir, threads, rounds),
         Command::Gpu(options) => gpu::run(&options),
@@ -132,6 +139,7 @@ fn parse(args: &[String]) -> Result<Command, Error> {
         "list" | "--list" => Ok(Command::List),
         "gpu" => gpu::parse(&args[1..]).map(Command::Gpu),
         "remeasure" => parse_remeasure(&args[1..]),
+        "probe" => parse_probe(&args[1..]),
         "summarize" => match &args[1..] {
             [dir] => Ok(Command::Summarize(dir.into())),
             _ => Err(format!("summarize: expected one DIR\n{USAGE}").into()),
@@ -161,6 +169,23 @@ fn parse(args: &[String]) -> Result<Command, Error> {
         option if option.starts_with('-') => parse_spine(args).map(Command::Spine),
         other => Err(format!("unknown command `{other}`\n{USAGE}").into()),
     }
+}
+
+/// Parses `probe --workload W [--threads T] [--rounds R]`.
+fn parse_probe(args: &[String]) -> Result<Command, Error> {
+    let (mut workload, mut threads, mut rounds) = (None, 1, 5);
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        match flag.as_str() {
+            "--workload" => workload = Some(value.clone()),
+            "--threads" => threads = value.parse()?,
+            "--rounds" => rounds = value.parse()?,
+            other => return Err(format!("probe: unknown option `{other}`\n{USAGE}").into()),
+        }
+    }
+    let workload = workload.ok_or_else(|| format!("probe: --workload is required\n{USAGE}"))?;
+    Ok(Command::Probe(workload, threads, rounds))
 }
 
 /// Parses `remeasure DIR [--threads T] [--rounds R]`.

@@ -172,7 +172,7 @@ fn measurer(threads: usize, seed: u64) -> Result<Measurer, Error> {
 }
 
 /// A measurer that times every candidate in full (no one-run cutoff, no relative timeout).
-fn full_measurer(threads: usize, seed: u64) -> Result<Measurer, Error> {
+pub fn full_measurer(threads: usize, seed: u64) -> Result<Measurer, Error> {
     Ok(Measurer::new(MeasureConfig {
         slow_cutoff: 0.0,
         relative_timeout: 0.0,
@@ -181,7 +181,7 @@ fn full_measurer(threads: usize, seed: u64) -> Result<Measurer, Error> {
 }
 
 /// The default schedule's plan for this machine's variant with `threads` threads.
-fn host_target(threads: usize) -> CpuTarget {
+pub fn host_target(threads: usize) -> CpuTarget {
     let host = TargetFingerprint::host();
     let variant = Variant::ALL
         .into_iter()

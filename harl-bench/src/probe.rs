@@ -1,0 +1,59 @@
+//! `harl-bench probe --workload W [--threads T] [--rounds R]`: a check of the measurer itself.
+//! It times, in one batch and in a rotating order, the default schedule twice and the point of
+//! every sketch that reproduces the default's loops (the tuner's seeds), so that a gap between
+//! schedules that should run alike shows whether it comes from the code or from where in a
+//! batch a candidate was timed.
+
+use crate::suite;
+use crate::tune::{full_measurer, host_target};
+use crate::Error;
+use harl_build::default_schedule::default_schedule;
+use harl_build::tune::measure::Candidate;
+use harl_build::tune::sketch::generate_sketches;
+
+/// Times the default schedule (twice) and the sketches' default points, `rounds` rounds.
+pub fn run(workload: &str, threads: usize, rounds: usize) -> Result<(), Error> {
+    let spec = suite::resolve(workload)?;
+    let graph = suite::build(&spec.spec)?;
+    let target = host_target(threads);
+    let mut named = vec![
+        ("default".to_string(), default_schedule(&graph, &target)),
+        (
+            "default (again)".to_string(),
+            default_schedule(&graph, &target),
+        ),
+    ];
+    for (i, sk) in generate_sketches(&graph, &target).iter().enumerate() {
+        if let Some(p) = sk.default_params(i, &target) {
+            named.push((format!("seed of {}", sk.name()), sk.to_schedule(&p)?));
+        }
+    }
+    let n = named.len();
+    let mut latencies = vec![Vec::new(); n];
+    for round in 0..rounds.max(1) {
+        // Rotate so that every schedule is timed at every position of the batch.
+        let order: Vec<usize> = (0..n).map(|k| (k + round) % n).collect();
+        let batch: Vec<Candidate> = order
+            .iter()
+            .map(|&k| Candidate::Schedule(named[k].1.clone()))
+            .collect();
+        let mut m = full_measurer(threads, round as u64)?;
+        for (pos, r) in m.measure(&graph, &batch).into_iter().enumerate() {
+            latencies[order[pos]].extend(r.latency_s);
+        }
+    }
+    let flops = graph.flops();
+    println!("| schedule | median GFLOP/s | min | max | runs |\n|---|---|---|---|---|");
+    for ((name, _), mut l) in named.into_iter().zip(latencies) {
+        l.sort_by(f64::total_cmp);
+        let g = |x: Option<&f64>| x.map_or("-".into(), |x| format!("{:.1}", flops / x / 1e9));
+        println!(
+            "| {name} | {} | {} | {} | {} |",
+            g(l.get(l.len() / 2)),
+            g(l.last()),
+            g(l.first()),
+            l.len()
+        );
+    }
+    Ok(())
+}
