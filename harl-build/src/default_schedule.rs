@@ -347,7 +347,10 @@ fn emit_simple(steps: &mut Vec<Step>, graph: &Graph, s: usize, target: &CpuTarge
     let mut loops = Loops::new(s, stage.axis_extents().len());
     let mut spatial_loops = ns;
     let lanes = (target.vector_bytes / elem_bytes(stage.dtype)).max(1);
-    let mut vectorise = stage.reduce.is_none() && ns > 0 && stage.shape[ns - 1] >= 4;
+    let guarded = guarded_axes(stage);
+    let free_prefix = guarded.iter().position(|&g| g).unwrap_or(ns);
+    let mut vectorise =
+        stage.reduce.is_none() && ns > 0 && stage.shape[ns - 1] >= 4 && !guarded[ns - 1];
     if vectorise {
         let last = stage.shape[ns - 1];
         let v = largest_divisor_at_most(last, 2 * lanes);
@@ -368,7 +371,8 @@ fn emit_simple(steps: &mut Vec<Step>, graph: &Graph, s: usize, target: &CpuTarge
         spatial_loops - 1
     } else {
         spatial_loops
-    };
+    }
+    .min(free_prefix);
     if outer >= 1 && work >= 1 << 15 {
         loops.fuse_prefix(steps, outer);
         steps.push(Step::Parallel { stage: s, at: 0 });
@@ -379,6 +383,22 @@ fn emit_simple(steps: &mut Vec<Step>, graph: &Graph, s: usize, target: &CpuTarge
             at: loops.tags.len() - 1,
         });
     }
+}
+
+/// Which spatial axes of `stage` a select's condition tests (a padding stage's image axes).
+/// Simple nests keep these as plain loops, neither fused into the parallel loop nor split for
+/// the vector loop, so that loop partitioning ([`crate::partition`]) can give them an interior
+/// without the select, where the copy vectorises by itself.
+pub(crate) fn guarded_axes(stage: &harl_te::Stage) -> Vec<bool> {
+    let mut guarded = vec![false; stage.n_spatial()];
+    stage.body.visit(&mut |e| {
+        if let Expr::Select(c, _, _) = e {
+            for (a, g) in guarded.iter_mut().enumerate() {
+                *g |= uses_axis(c, a);
+            }
+        }
+    });
+    guarded
 }
 
 fn uses_axis(e: &Expr, a: usize) -> bool {

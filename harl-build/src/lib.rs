@@ -13,6 +13,7 @@ pub mod loop_ir;
 pub mod lower;
 #[cfg(feature = "cuda")]
 pub mod nvrtc;
+pub mod partition;
 pub mod rng;
 pub mod scan;
 pub mod schedule;

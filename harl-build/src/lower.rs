@@ -159,6 +159,7 @@ pub fn lower(graph: &Graph, schedule: &Schedule) -> Result<Program, ScheduleErro
             why,
         })?;
     let mut program = lw.emit();
+    crate::partition::partition_program(&mut program);
     program.workload_key = graph.workload_key();
     Ok(program)
 }

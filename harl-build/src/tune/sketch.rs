@@ -40,7 +40,7 @@
 //! moves and mutations never return such a no-op). The knobs only choose among legal structures:
 //! a [`Params`] that [`Sketch::to_schedule`] accepts always lowers.
 
-use crate::default_schedule::{plan_tiles, CpuTarget};
+use crate::default_schedule::{guarded_axes, plan_tiles, CpuTarget};
 use crate::lower::{lower, ScheduleError, MAX_ACC_ELEMS, MAX_UNROLL};
 use crate::schedule::{Schedule, Step};
 use crate::tune::features::eval_int;
@@ -850,7 +850,13 @@ impl Sketch {
             };
             match *plan {
                 Plan::Inline | Plan::Epilogue => {}
-                Plan::Simple => emit_simple(&mut steps, new_index(s), &stage.shape, red, &ann),
+                Plan::Simple => emit_simple(
+                    &mut steps,
+                    new_index(s),
+                    (&stage.shape, &guarded_axes(stage)),
+                    red,
+                    &ann,
+                ),
                 Plan::Rfactor { axis } => {
                     let t = &p.tiles[axis];
                     let factor: usize = t.iter().product();
@@ -867,7 +873,14 @@ impl Sketch {
                         &partial_red,
                         &ann,
                     );
-                    emit_simple(&mut steps, new_index(s), &stage.shape, &[factor], &ann);
+                    let free = vec![false; stage.shape.len()];
+                    emit_simple(
+                        &mut steps,
+                        new_index(s),
+                        (&stage.shape, &free),
+                        &[factor],
+                        &ann,
+                    );
                 }
                 Plan::Tiled {
                     cache_write,
@@ -993,7 +1006,7 @@ impl Loops {
 fn emit_simple(
     steps: &mut Vec<Step>,
     s: usize,
-    shape: &[usize],
+    (shape, guarded): (&[usize], &[bool]),
     reduce: &[usize],
     ann: &Annotations,
 ) {
@@ -1003,7 +1016,12 @@ fn emit_simple(
     let mut loops = Loops::new(s, &extents);
     let mut spatial_loops = ns;
     let mut vector = false;
-    if let (Some(w), true, Some(&last)) = (ann.width, reduce.is_empty(), shape.last()) {
+    // Axes a select tests stay plain loops for loop partitioning (see `guarded_axes`).
+    let free_prefix = guarded.iter().position(|&g| g).unwrap_or(ns);
+    let last_free = !guarded.last().copied().unwrap_or(false);
+    if let (Some(w), true, Some(&last), true) =
+        (ann.width, reduce.is_empty(), shape.last(), last_free)
+    {
         if (2..=w).contains(&last) {
             vector = true;
         } else if last > w {
@@ -1015,7 +1033,10 @@ fn emit_simple(
             }
         }
     }
-    let fused = ann.parallel.min(spatial_loops - usize::from(vector));
+    let fused = ann
+        .parallel
+        .min(spatial_loops - usize::from(vector))
+        .min(free_prefix);
     loops.parallel_prefix(steps, fused);
     if fused > 0 {
         steps.push(Step::Parallel { stage: s, at: 0 });
