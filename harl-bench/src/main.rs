@@ -56,9 +56,9 @@ usage: harl-bench [spine] [--json PATH]
   remeasure DIR [--threads T] [--rounds R]
                time the tuned schedules under DIR, the default schedule and the gemm crate
                again, interleaved in one run (R rounds, medians); DIR/remeasure.json
-  probe --workload W [--threads T] [--rounds R]
+  probe --workload W [--threads T] [--rounds R] [--emit DIR]
                time the default schedule twice and each sketch's seed in one batch,
-               rotating their order (a check of the measurer)
+               rotating their order (a check of the measurer); --emit writes their code
   list         the tuning suite's workloads and the workload spec keys
   help         print this text";
 
@@ -81,8 +81,8 @@ enum Command {
     Gpu(gpu::Options),
     /// `remeasure DIR [--threads T] [--rounds R]`.
     Remeasure(std::path::PathBuf, usize, usize),
-    /// `probe --workload W [--threads T] [--rounds R]`.
-    Probe(String, usize, usize),
+    /// `probe --workload W [--threads T] [--rounds R] [--emit DIR]`.
+    Probe(String, usize, usize, Option<std::path::PathBuf>),
     /// `summarize DIR`.
     Summarize(std::path::PathBuf),
     /// `record [--out DIR]`.
@@ -113,7 +113,9 @@ fn run(command: Command) -> Result<(), Error> {
         Command::Tune(options) => tune::run(&options),
         Command::ModelEval(files) => model_eval::run(&files),
         Command::Compare(options) => compare::run(&options),
-        Command::Probe(w, threads, rounds) => probe::run(&w, threads, rounds),
+        Command::Probe(w, threads, rounds, emit) => {
+            probe::run(&w, threads, rounds, emit.as_deref())
+        }
         Command::Summarize(dir) => summarize::run(&dir),
         Command::Remeasure(dir, threads, rounds) => remeasure::run(&dir, threads, rounds),
         Command::Gpu(options) => gpu::run(&options),
@@ -171,9 +173,9 @@ fn parse(args: &[String]) -> Result<Command, Error> {
     }
 }
 
-/// Parses `probe --workload W [--threads T] [--rounds R]`.
+/// Parses `probe --workload W [--threads T] [--rounds R] [--emit DIR]`.
 fn parse_probe(args: &[String]) -> Result<Command, Error> {
-    let (mut workload, mut threads, mut rounds) = (None, 1, 5);
+    let (mut workload, mut threads, mut rounds, mut emit) = (None, 1, 5, None);
     let mut it = args.iter();
     while let Some(flag) = it.next() {
         let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
@@ -181,11 +183,12 @@ fn parse_probe(args: &[String]) -> Result<Command, Error> {
             "--workload" => workload = Some(value.clone()),
             "--threads" => threads = value.parse()?,
             "--rounds" => rounds = value.parse()?,
+            "--emit" => emit = Some(value.into()),
             other => return Err(format!("probe: unknown option `{other}`\n{USAGE}").into()),
         }
     }
     let workload = workload.ok_or_else(|| format!("probe: --workload is required\n{USAGE}"))?;
-    Ok(Command::Probe(workload, threads, rounds))
+    Ok(Command::Probe(workload, threads, rounds, emit))
 }
 
 /// Parses `remeasure DIR [--threads T] [--rounds R]`.

@@ -11,8 +11,14 @@ use harl_build::default_schedule::default_schedule;
 use harl_build::tune::measure::Candidate;
 use harl_build::tune::sketch::generate_sketches;
 
-/// Times the default schedule (twice) and the sketches' default points, `rounds` rounds.
-pub fn run(workload: &str, threads: usize, rounds: usize) -> Result<(), Error> {
+/// Times the default schedule (twice) and the sketches' default points, `rounds` rounds; with
+/// `emit`, also writes each schedule's generated Rust module there (`0.rs`, `1.rs`, ...).
+pub fn run(
+    workload: &str,
+    threads: usize,
+    rounds: usize,
+    emit: Option<&std::path::Path>,
+) -> Result<(), Error> {
     let spec = suite::resolve(workload)?;
     let graph = suite::build(&spec.spec)?;
     let target = host_target(threads);
@@ -27,6 +33,9 @@ pub fn run(workload: &str, threads: usize, rounds: usize) -> Result<(), Error> {
         if let Some(p) = sk.default_params(i, &target) {
             named.push((format!("seed of {}", sk.name()), sk.to_schedule(&p)?));
         }
+    }
+    if let Some(dir) = emit {
+        write_sources(dir, &graph, &named)?;
     }
     let n = named.len();
     let mut latencies = vec![Vec::new(); n];
@@ -54,6 +63,32 @@ pub fn run(workload: &str, threads: usize, rounds: usize) -> Result<(), Error> {
             g(l.first()),
             l.len()
         );
+    }
+    Ok(())
+}
+
+/// Writes the Rust module each schedule generates (base variant) to `dir/<k>.rs`.
+fn write_sources(
+    dir: &std::path::Path,
+    graph: &harl_te::Graph,
+    named: &[(String, harl_build::schedule::Schedule)],
+) -> Result<(), Error> {
+    use harl_build::codegen::{emit_module, KernelMeta, Variant, VariantProgram};
+    std::fs::create_dir_all(dir)?;
+    let meta = KernelMeta {
+        name: "kernel".into(),
+        params: (0..graph.inputs.len()).map(|i| format!("in{i}")).collect(),
+        output: "out".into(),
+    };
+    for (k, (name, schedule)) in named.iter().enumerate() {
+        let program = harl_build::lower::lower(graph, schedule)?;
+        let variant = VariantProgram {
+            variant: Variant::Base,
+            program,
+            source: name.clone(),
+        };
+        let src = emit_module(graph, std::slice::from_ref(&variant), &meta);
+        std::fs::write(dir.join(format!("{k}.rs")), format!("// {name}\n{src}"))?;
     }
     Ok(())
 }

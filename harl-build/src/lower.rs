@@ -107,6 +107,14 @@ impl StageState {
         }
     }
 
+    /// Whether a reduce loop that iterates (extent over 1) encloses the accumulator at `pos`:
+    /// then the accumulator holds partial sums, combined into a pre-filled output.
+    fn reduces_outside(&self, pos: usize) -> bool {
+        self.loops[..=pos]
+            .iter()
+            .any(|l| l.reduce && self.loop_extent(l) > 1)
+    }
+
     fn loop_extent(&self, l: &LoopState) -> usize {
         l.parts.iter().map(|&p| self.nodes[p].extent).product()
     }
@@ -650,7 +658,7 @@ impl Lowering {
             let st = &self.stages[s];
             let reduce_outside_acc = match st.cache_write {
                 None => true,
-                Some(p) => st.loops[..=p].iter().any(|l| l.reduce),
+                Some(p) => st.reduces_outside(p),
             };
             let fill = stage
                 .reduce
@@ -837,7 +845,7 @@ impl Lowering {
         let stage = &self.graph.stages[s];
         let op = stage.reduce.as_ref().map_or(ReduceOp::Sum, |r| r.op);
         let st = &self.stages[s];
-        let combine = st.loops[..=pos].iter().any(|l| l.reduce).then_some(op);
+        let combine = st.reduces_outside(pos).then_some(op);
         let size = st.loops[pos + 1..]
             .iter()
             .filter(|l| !l.reduce)

@@ -489,8 +489,25 @@ impl Sketch {
             let red = stage.reduce.as_ref().map_or(&[][..], |r| &r.extents[..]);
             match *plan {
                 Plan::Tiled {
-                    layout: Some(_), ..
-                } => return None,
+                    layout: Some(ref l),
+                    first_axis,
+                    ..
+                } => {
+                    // No default schedule has this layout: seed it with a register tile of
+                    // up to two vectors along the vector axis by up to 8 rows of the last
+                    // axis, the whole reduction inside, every outer loop parallel.
+                    p.parallel = p.parallel.max(ns);
+                    for (j, &e) in red.iter().enumerate() {
+                        p.tiles[first_axis + ns + j] = vec![e];
+                    }
+                    let lanes = (target.vector_bytes / elem_bytes(stage.dtype)).max(1);
+                    let nr = largest_divisor_at_most(stage.shape[l.vec_axis], 2 * lanes);
+                    let max_rows = (target.acc_registers / nr.div_ceil(lanes)).clamp(1, 8);
+                    let mr = largest_divisor_at_most(stage.shape[ns - 1], max_rows);
+                    p.tiles[first_axis + l.vec_axis] = vec![1, 1, nr];
+                    p.tiles[first_axis + ns - 1] = vec![1, 1, mr];
+                    register_tile = Some(register_tile.unwrap_or(0).max(nr));
+                }
                 Plan::Tiled {
                     first_axis,
                     epilogue,
