@@ -1064,7 +1064,11 @@ fn emit_simple(
             at: loops.tags.len() - 1,
         });
     }
-    loops.unroll(steps, ann.unroll, fused > 0, vector);
+    // Padding axes stay rolled too: the compiler's loop vectoriser copies a partitioned
+    // interior far better than straight-line code.
+    if free_prefix == ns {
+        loops.unroll(steps, ann.unroll, fused > 0, vector);
+    }
 }
 
 /// The partial stage of an rfactor: axes `shape ++ [factor]`, reduce `reduce`; the partials
