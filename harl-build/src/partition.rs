@@ -6,8 +6,9 @@
 //!
 //! The pass runs on the lowered [`Program`], so the executor that checks schedules against the
 //! interpreter runs exactly what codegen prints. Iteration order is unchanged (left, interior,
-//! right), so results are bit-identical. Only serial and unrolled loops are split: parallel,
-//! vector and GPU loops keep their single loop.
+//! right), so results are bit-identical. Only serial loops without an unrolled loop inside are
+//! split (parallel, vector, unrolled and GPU loops keep their single loop), and only small
+//! bodies, so the code grows by a bounded factor.
 
 use crate::loop_ir::{LoopKind, Program, Stmt};
 use harl_te::graph::interval;
@@ -76,9 +77,10 @@ fn partition_loop(
             body,
         }]
     };
-    if !matches!(kind, LoopKind::Serial | LoopKind::Unrolled)
+    if kind != LoopKind::Serial
         || extent > MAX_SCAN
         || count_stmts(&body) > MAX_BODY_STMTS
+        || has_unrolled(&body)
     {
         return whole(body);
     }
@@ -114,6 +116,16 @@ fn partition_loop(
             }
         })
         .collect()
+}
+
+/// Whether an unrolled loop is inside: copying it three times would triple code the compiler
+/// already expands (a transposed convolution's unrolled reduction took minutes to compile).
+fn has_unrolled(stmts: &[Stmt]) -> bool {
+    stmts.iter().any(|s| match s {
+        Stmt::For { kind, body, .. } => *kind == LoopKind::Unrolled || has_unrolled(body),
+        Stmt::If { body, .. } => has_unrolled(body),
+        _ => false,
+    })
 }
 
 fn count_stmts(stmts: &[Stmt]) -> usize {
