@@ -271,32 +271,3 @@ fn cache_read_copies_an_input_in_a_new_layout() {
     };
     assert!(lower(&g, &late).is_err());
 }
-
-#[test]
-fn a_unit_reduce_loop_outside_the_accumulator_needs_no_fill() {
-    // k = 6 split as [1 x 6]: the outer reduce loop runs once, so the accumulator inside it
-    // holds whole sums, stored without pre-filling the output.
-    let g = matmul(4, 6, 8, false);
-    let sched = |k_factor: usize| Schedule {
-        steps: vec![
-            Step::Split {
-                stage: 0,
-                at: 2,
-                factors: vec![k_factor],
-            },
-            // i, k_outer, j, k_inner; accumulate the j row inside k_outer.
-            Step::Reorder {
-                stage: 0,
-                order: vec![0, 2, 1, 3],
-            },
-            Step::CacheWrite { stage: 0, at: 1 },
-        ],
-    };
-    let whole = lower(&g, &sched(6)).expect("lowers");
-    assert_eq!(whole.nests[0].fill, None);
-    check(&g, &sched(6), 2);
-    // k split [2 x 3]: partial sums, so the output is filled and accumulated into.
-    let partial = lower(&g, &sched(3)).expect("lowers");
-    assert_eq!(partial.nests[0].fill, Some(0.0));
-    check(&g, &sched(3), 2);
-}
