@@ -40,9 +40,9 @@ use std::time::{Duration, Instant};
 
 /// The package name of the worker project (also how its compiler messages are recognised).
 const WORKER_PACKAGE: &str = "harl-measure-worker";
-/// A build of one batch that takes longer than this is killed (a safety net against a
-/// pathological candidate; a normal batch takes seconds).
-const BUILD_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+/// A build of one batch that takes longer than this is killed, compiler processes included (a
+/// safety net against a pathological candidate; a normal batch takes seconds to a few minutes).
+const BUILD_TIMEOUT: Duration = Duration::from_secs(10 * 60);
 /// Compiler messages and stderr tails kept in a [`TrialError`].
 const MESSAGE_MAX: usize = 4000;
 /// Numbers batches across all measurers of this process, so worker binaries never collide.
@@ -740,7 +740,11 @@ impl Measurer {
             File::create(&out_path).map_err(|e| format!("{}: {e}", out_path.display()))?,
             File::create(&err_path).map_err(|e| format!("{}: {e}", err_path.display()))?,
         );
-        let mut child = Command::new(&cargo)
+        let mut command = Command::new(&cargo);
+        // Its own process group, so a timeout kills rustc too, not only cargo.
+        #[cfg(unix)]
+        std::os::unix::process::CommandExt::process_group(&mut command, 0);
+        let mut child = command
             .args(["build", "--release", "--offline", "--message-format=json"])
             .arg("--manifest-path")
             .arg(c.work_dir.join("Cargo.toml"))
@@ -753,6 +757,9 @@ impl Measurer {
             .map_err(|e| format!("cannot run {}: {e}", Path::new(&cargo).display()))?;
         let status = wait_with_timeout(&mut child, BUILD_TIMEOUT)
             .map_err(|e| format!("waiting for cargo: {e}"))?;
+        if status.is_none() {
+            kill_process_group(child.id());
+        }
         let stdout = fs::read_to_string(&out_path).unwrap_or_default();
         let stderr = fs::read_to_string(&err_path).unwrap_or_default();
         let _ = fs::remove_file(&out_path);
@@ -959,6 +966,21 @@ fn wait_with_timeout(child: &mut Child, timeout: Duration) -> io::Result<Option<
         std::thread::sleep(nap.min(deadline - now));
         nap = (nap * 2).min(Duration::from_millis(10));
     }
+}
+
+/// Kills every process of group `pgid` (a timed-out build's compilers). Through the `kill`
+/// command: no `unsafe` signal call for a safety net.
+fn kill_process_group(pgid: u32) {
+    #[cfg(unix)]
+    {
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &format!("-{pgid}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+    #[cfg(not(unix))]
+    let _ = pgid;
 }
 
 /// Why a worker exited unsuccessfully: the signal, or the exit code and stderr's tail.
@@ -1348,6 +1370,45 @@ fn encode_data(graph: &Graph, r: &ReferenceData) -> Result<Vec<u8>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_timed_out_build_group_dies_with_its_children() {
+        use std::io::BufRead;
+        // A "build" whose child (like rustc under cargo) outlives a kill of the parent alone.
+        let mut command = Command::new("sh");
+        std::os::unix::process::CommandExt::process_group(&mut command, 0);
+        let mut child = command
+            .args(["-c", "sleep 30 & echo $!; wait"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("sh runs");
+        let mut line = String::new();
+        let out = child.stdout.take().expect("piped");
+        io::BufReader::new(out)
+            .read_line(&mut line)
+            .expect("pid line");
+        let grandchild: u32 = line.trim().parse().expect("a pid");
+        let status = wait_with_timeout(&mut child, Duration::from_millis(50)).expect("waits");
+        assert!(status.is_none(), "the build should have timed out");
+        kill_process_group(child.id());
+        // Gone, or a zombie waiting for init: not running.
+        let alive = |pid: u32| {
+            fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|s| {
+                    s.rsplit(')')
+                        .next()
+                        .map(|r| r.trim_start().starts_with(['R', 'S', 'D']))
+                })
+                .unwrap_or(false)
+        };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while alive(grandchild) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(!alive(grandchild), "the grandchild {grandchild} survived");
+    }
 
     #[test]
     fn candidate_files_are_recognised() {
