@@ -139,6 +139,15 @@ struct Lowering {
     var_extents: Vec<usize>,
 }
 
+/// Whether `order` lists each of `0..n` exactly once.
+fn is_permutation(order: &[usize], n: usize) -> bool {
+    let mut seen = vec![false; n];
+    order.len() == n
+        && order
+            .iter()
+            .all(|&o| o < n && !std::mem::replace(&mut seen[o], true))
+}
+
 /// Applies `schedule` to `graph` and emits the loop program, validating every step.
 pub fn lower(graph: &Graph, schedule: &Schedule) -> Result<Program, ScheduleError> {
     graph.validate()?;
@@ -213,12 +222,7 @@ impl Lowering {
                 self.check_loop(*stage, 0)?;
                 let st = self.stage_mut(*stage)?;
                 let n = st.loops.len();
-                let mut seen = vec![false; n];
-                if order.len() != n
-                    || order
-                        .iter()
-                        .any(|&o| o >= n || std::mem::replace(&mut seen[o], true))
-                {
+                if !is_permutation(order, n) {
                     return Err(format!("{order:?} is not a permutation of {n} loops"));
                 }
                 if st.cache_write.is_some() {
@@ -521,12 +525,7 @@ impl Lowering {
             return Err(format!("input {input} does not exist"));
         };
         let rank = param.shape.len();
-        let mut seen = vec![false; rank];
-        if order.len() != rank
-            || order
-                .iter()
-                .any(|&o| o >= rank || std::mem::replace(&mut seen[o], true))
-        {
+        if !is_permutation(order, rank) {
             return Err(format!("{order:?} is not a permutation of {rank} axes"));
         }
         let mut reads = false;

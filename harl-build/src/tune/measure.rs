@@ -968,13 +968,14 @@ fn wait_with_timeout(child: &mut Child, timeout: Duration) -> io::Result<Option<
     }
 }
 
-/// Kills every process of group `pgid` (a timed-out build's compilers). Through the `kill`
-/// command: no `unsafe` signal call for a safety net.
+/// Kills every process of group `pgid` (a timed-out build's compilers). Through the shell's
+/// `kill` builtin (no `unsafe` signal call for a safety net, and no dependency on a `kill`
+/// binary, which minimal systems lack).
 fn kill_process_group(pgid: u32) {
     #[cfg(unix)]
     {
-        let _ = Command::new("kill")
-            .args(["-KILL", "--", &format!("-{pgid}")])
+        let _ = Command::new("sh")
+            .args(["-c", &format!("kill -s KILL -- -{pgid}")])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status();

@@ -1352,18 +1352,21 @@ fn layout_choice(graph: &Graph, s: usize) -> Option<Layout> {
     let mut best: Option<(usize, Layout)> = None;
     for a in 0..last {
         let extent = stage.shape[a];
-        for (k, (t, idx)) in loads.iter().enumerate() {
+        for (t, idx) in &loads {
             let TensorRef::Input(input) = *t else {
                 continue;
             };
             let Some(dim) = idx.iter().position(|i| *i == Expr::Axis(a)) else {
                 continue;
             };
-            let others_broadcast = loads.iter().enumerate().all(|(j, (u, jdx))| {
-                if j == k || *u == *t {
-                    return *u != *t || jdx == idx;
+            // Every other read of this input is the same access; every other operand is
+            // broadcast along axis `a`.
+            let others_broadcast = loads.iter().all(|(u, jdx)| {
+                if u == t {
+                    jdx == idx
+                } else {
+                    !jdx.iter().any(|i| uses_axis(i, a))
                 }
-                !jdx.iter().any(|i| uses_axis(i, a))
             });
             let independent_of_last = !idx.iter().any(|i| uses_axis(i, last));
             if dim + 1 == idx.len() || !others_broadcast || !independent_of_last {
