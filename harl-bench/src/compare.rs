@@ -15,7 +15,7 @@ use crate::suite;
 use crate::tune::{run_tasks, RunSpec};
 use crate::Error;
 use harl_build::tune::sketch::Task;
-use harl_build::tune::tuner::TuneResult;
+use harl_build::tune::tuner::{PhaseTimes, TuneResult};
 use serde_json::{json, Value};
 use std::path::PathBuf;
 
@@ -112,6 +112,11 @@ pub fn run(o: &Options) -> Result<(), Error> {
 /// One run's best-so-far curve: (trial, best latency, elapsed seconds).
 type Curve = Vec<(usize, f64, f64)>;
 
+/// A run's seconds per phase, as JSON.
+pub fn phases_json(p: &PhaseTimes) -> Value {
+    json!({ "propose": p.propose_s, "measure": p.measure_s, "retrain": p.retrain_s })
+}
+
 fn curve(r: &TuneResult) -> Curve {
     r.curve
         .iter()
@@ -129,6 +134,101 @@ fn median(mut xs: Vec<f64>) -> Option<f64> {
     m.is_finite().then_some(m)
 }
 
+/// One finished (strategy, seed) run of a workload comparison.
+struct SavedRun {
+    curve: Curve,
+    phases: PhaseTimes,
+    wall_s: f64,
+    /// Read back from `DIR/runs/` rather than run now.
+    reused: bool,
+}
+
+/// The settings a saved run must match to stand in for a new one.
+fn run_key(o: &Options, spec: &str, strategy: &str, seed: u64) -> Value {
+    json!({
+        "spec": spec, "strategy": strategy, "seed": seed, "trials": o.trials,
+        "threads": o.threads, "batch": o.batch, "seed_default": o.seed_default,
+    })
+}
+
+/// Runs one strategy on one seed, or reads the run back from `DIR/runs/` when an earlier
+/// invocation with the same settings finished it: a long comparison survives interruption,
+/// and seeds or strategies can run as separate processes into one directory.
+fn workload_run(
+    o: &Options,
+    workload: &suite::SuiteWorkload,
+    graph: &harl_te::Graph,
+    strategy: &str,
+    seed: u64,
+) -> Result<SavedRun, Error> {
+    let dir = o.out.join("runs");
+    let path = dir.join(format!("{strategy}-seed{seed}.json"));
+    let key = run_key(o, &workload.spec, strategy, seed);
+    if let Some(saved) = read_saved_run(&path, &key) {
+        return Ok(saved);
+    }
+    let task = Task::new(workload.name.clone(), graph.clone(), 1.0);
+    let r = run_tasks(
+        vec![task],
+        &RunSpec {
+            strategy,
+            scheduler: "gradient",
+            trials: o.trials,
+            seed,
+            threads: o.threads,
+            batch: o.batch,
+            seed_default: o.seed_default,
+        },
+    )?;
+    let run = SavedRun {
+        curve: curve(&r),
+        phases: r.phases,
+        wall_s: r.wall_s,
+        reused: false,
+    };
+    std::fs::create_dir_all(&dir)?;
+    let saved = json!({
+        "key": key,
+        "wall_s": run.wall_s,
+        "phases_s": phases_json(&run.phases),
+        "curve": run.curve.iter().map(|p| json!([p.0, p.1, p.2])).collect::<Vec<_>>(),
+    });
+    std::fs::write(&path, serde_json::to_string(&saved)? + "\n")?;
+    Ok(run)
+}
+
+/// A saved run whose settings equal `key`; `None` (run it again) for a missing, unreadable
+/// or different one.
+fn read_saved_run(path: &std::path::Path, key: &Value) -> Option<SavedRun> {
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()?;
+    if v.get("key") != Some(key) {
+        return None;
+    }
+    let num = |v: &Value| v.as_f64();
+    let curve = v["curve"]
+        .as_array()?
+        .iter()
+        .map(|p| {
+            Some((
+                p.get(0)?.as_u64()? as usize,
+                num(p.get(1)?)?,
+                num(p.get(2)?)?,
+            ))
+        })
+        .collect::<Option<Curve>>()?;
+    let ph = &v["phases_s"];
+    Some(SavedRun {
+        curve,
+        phases: PhaseTimes {
+            propose_s: num(&ph["propose"])?,
+            measure_s: num(&ph["measure"])?,
+            retrain_s: num(&ph["retrain"])?,
+        },
+        wall_s: num(&v["wall_s"])?,
+        reused: true,
+    })
+}
+
 fn compare_workload(o: &Options, name: &str) -> Result<(), Error> {
     let workload = suite::resolve(name)?;
     let graph = suite::build(&workload.spec)?;
@@ -140,34 +240,29 @@ fn compare_workload(o: &Options, name: &str) -> Result<(), Error> {
     };
     // curves[strategy][seed]
     let mut curves: Vec<Vec<Curve>> = Vec::new();
+    let mut phases: Vec<PhaseTimes> = Vec::new();
+    let mut walls: Vec<f64> = Vec::new();
     for strategy in &o.strategies {
         let mut per_seed = Vec::new();
         for &seed in &o.seeds {
-            let task = Task::new(workload.name.clone(), graph.clone(), 1.0);
-            let r = run_tasks(
-                vec![task],
-                &RunSpec {
-                    strategy,
-                    scheduler: "gradient",
-                    trials: o.trials,
-                    seed,
-                    threads: o.threads,
-                    batch: o.batch,
-                    seed_default: o.seed_default,
-                },
-            )?;
-            let c = curve(&r);
+            let run = workload_run(o, &workload, &graph, strategy, seed)?;
             println!(
-                "{} {strategy} seed {seed}: {} trials in {:.1} s, best {}",
+                "{} {strategy} seed {seed}: {} trials in {:.1} s (propose {:.1}, measure {:.1}, retrain {:.1}), best {}{}",
                 workload.name,
-                r.trials,
-                r.wall_s,
-                c.last().map_or("none".into(), |p| format!(
+                run.curve.last().map_or(0, |p| p.0),
+                run.wall_s,
+                run.phases.propose_s,
+                run.phases.measure_s,
+                run.phases.retrain_s,
+                run.curve.last().map_or("none".into(), |p| format!(
                     "{:.1} GFLOP/s",
                     flops / p.1 / 1e9
-                ))
+                )),
+                if run.reused { " (saved run)" } else { "" }
             );
-            per_seed.push(c);
+            phases.push(run.phases);
+            walls.push(run.wall_s);
+            per_seed.push(run.curve);
         }
         curves.push(per_seed);
     }
@@ -195,6 +290,8 @@ fn compare_workload(o: &Options, name: &str) -> Result<(), Error> {
                 "final_gflops": fin,
                 "trials_to_reach_baseline": reach.map(|p| p.0),
                 "wall_s_to_reach_baseline": reach.map(|p| p.2),
+                "wall_s": walls[s * o.seeds.len() + k],
+                "phases_s": phases_json(&phases[s * o.seeds.len() + k]),
             }));
         }
         strategies.insert(

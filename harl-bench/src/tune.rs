@@ -293,6 +293,7 @@ fn write(o: &Options, name: &str, flops: f64, r: &TuneResult, b: &Baseline) -> R
         "gflops": best_latency.map(|l| flops / l / 1e9),
         "tune_wall_s": r.wall_s,
         "trials_per_s": r.trials as f64 / r.wall_s.max(1e-9),
+        "phases_s": crate::compare::phases_json(&r.phases),
         "peer": peer,
         "peer_gflops": peer_gflops,
         "failed_trials": failed,

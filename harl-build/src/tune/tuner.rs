@@ -73,6 +73,19 @@ pub struct TuneResult {
     pub trials: usize,
     /// Wall time of the whole run.
     pub wall_s: f64,
+    /// Where that wall time went.
+    pub phases: PhaseTimes,
+}
+
+/// Seconds a tuning run spent in each phase of its rounds: what to speed up first.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PhaseTimes {
+    /// The strategy's proposals (search over the cost model, and any agent training in it).
+    pub propose_s: f64,
+    /// Building and timing candidates.
+    pub measure_s: f64,
+    /// Retraining the cost model.
+    pub retrain_s: f64,
 }
 
 /// Tunes `tasks` within the budget.
@@ -95,6 +108,7 @@ pub fn tune(
     let mut curve = Vec::new();
     let mut spent = 0usize;
     let mut stalled_rounds = 0usize;
+    let mut phases = PhaseTimes::default();
     while spent < options.trials && !states.is_empty() {
         if options.time_budget.is_some_and(|b| start.elapsed() >= b) {
             break;
@@ -117,6 +131,7 @@ pub fn tune(
         } else {
             Vec::new()
         };
+        let proposing = Instant::now();
         if proposals.len() < batch {
             let rest = strategy.propose(&states[ti], &*model, batch - proposals.len(), &mut rng);
             for c in rest {
@@ -125,6 +140,7 @@ pub fn tune(
                 }
             }
         }
+        phases.propose_s += proposing.elapsed().as_secs_f64();
         if proposals.is_empty() {
             // The task's space is exhausted (or empty); let the others go on.
             histories[ti].push(states[ti].best_latency());
@@ -137,7 +153,9 @@ pub fn tune(
         stalled_rounds = 0;
         let schedules: Vec<Schedule> = proposals.iter().map(|c| c.schedule.clone()).collect();
         measurer.set_best(states[ti].best_latency());
+        let measuring = Instant::now();
         let results = measurer.measure(&states[ti].task.graph, &schedules);
+        phases.measure_s += measuring.elapsed().as_secs_f64();
         for (cand, res) in proposals.into_iter().zip(results) {
             states[ti].record(cand, res.ok());
             spent += 1;
@@ -150,7 +168,9 @@ pub fn tune(
             }
         }
         histories[ti].push(states[ti].best_latency());
+        let retraining = Instant::now();
         retrain(model, &states);
+        phases.retrain_s += retraining.elapsed().as_secs_f64();
     }
     TuneResult {
         allocation: states.iter().map(|s| s.trials.len()).collect(),
@@ -158,6 +178,7 @@ pub fn tune(
         curve,
         trials: spent,
         wall_s: start.elapsed().as_secs_f64(),
+        phases,
     }
 }
 
