@@ -53,6 +53,9 @@ usage: harl-bench [spine] [--json PATH]
                sketch), verify it, compare with cuBLAS on GEMMs; summary.json, curve.csv
   summarize DIR
                one markdown table from DIR/*/summary.json (see scripts/suite.sh)
+  compare-summary DIR [--strategy S]
+               one markdown table from DIR/*/compare.json: S (default harl) against the
+               baseline, medians over seeds, geometric means (see scripts/compare-suite.sh)
   remeasure DIR [--threads T] [--rounds R]
                time the tuned schedules under DIR, the default schedule and the gemm crate
                again, interleaved in one run (R rounds, medians); DIR/remeasure.json
@@ -68,7 +71,10 @@ enum Command {
     /// `spine [--json PATH]`.
     Spine(spine::Options),
     /// The hidden matrixmultiply timing worker (see [`spine::WORKER_COMMAND`]).
-    MatrixMultiplyWorker { workload: String, threads: usize },
+    MatrixMultiplyWorker {
+        workload: String,
+        threads: usize,
+    },
     /// `tune --workload W --strategy S --trials N --seed K --threads T --out DIR`.
     Tune(tune::Options),
     /// `compare ...`.
@@ -85,6 +91,7 @@ enum Command {
     Probe(String, usize, usize, Option<std::path::PathBuf>),
     /// `summarize DIR`.
     Summarize(std::path::PathBuf),
+    CompareSummary(std::path::PathBuf, String),
     /// `record [--out DIR]`.
     Record(record::Options),
     /// `help`, `-h`, `--help`.
@@ -117,6 +124,10 @@ fn run(command: Command) -> Result<(), Error> {
             probe::run(&w, threads, rounds, emit.as_deref())
         }
         Command::Summarize(dir) => summarize::run(&dir),
+        Command::CompareSummary(dir, strategy) => {
+            print!("{}", summarize::compare_table(&dir, &strategy)?);
+            Ok(())
+        }
         Command::Remeasure(dir, threads, rounds) => remeasure::run(&dir, threads, rounds),
         Command::Gpu(options) => gpu::run(&options),
         Command::List => {
@@ -145,6 +156,13 @@ fn parse(args: &[String]) -> Result<Command, Error> {
         "summarize" => match &args[1..] {
             [dir] => Ok(Command::Summarize(dir.into())),
             _ => Err(format!("summarize: expected one DIR\n{USAGE}").into()),
+        },
+        "compare-summary" => match &args[1..] {
+            [dir] => Ok(Command::CompareSummary(dir.into(), "harl".into())),
+            [dir, flag, s] if flag == "--strategy" => {
+                Ok(Command::CompareSummary(dir.into(), s.clone()))
+            }
+            _ => Err(format!("compare-summary: expected DIR [--strategy S]\n{USAGE}").into()),
         },
         "model-eval" => Ok(Command::ModelEval(args[1..].to_vec())),
         "compare" => compare::parse(&args[1..]).map(Command::Compare),

@@ -71,6 +71,101 @@ pub fn run(dir: &Path) -> Result<(), Error> {
     Ok(())
 }
 
+/// The `DIR/*/compare.json` files that hold `strategy` and a baseline, sorted by path.
+fn compare_files(dir: &Path) -> Result<Vec<(PathBuf, Value)>, Error> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))? {
+        let path = entry?.path().join("compare.json");
+        if !path.is_file() {
+            continue;
+        }
+        let v: Value = serde_json::from_str(&std::fs::read_to_string(&path)?)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        out.push((path, v));
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(out)
+}
+
+/// One markdown row per `DIR/*/compare.json`: `strategy` against the baseline there (medians
+/// over seeds), and a last row with the geometric means of the ratios.
+pub fn compare_table(dir: &Path, strategy: &str) -> Result<String, Error> {
+    let files = compare_files(dir)?;
+    if files.is_empty() {
+        return Err(format!("no */compare.json under {}", dir.display()).into());
+    }
+    let mut out = format!(
+        "| workload | seeds | trials | {strategy} GFLOP/s | baseline GFLOP/s | final ratio | {strategy} trials to baseline best | baseline trials | trials ratio | {strategy} trials to 99% | baseline trials to 99% | 99% ratio | {strategy} wall s | baseline wall s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+    );
+    let mut logs: [Vec<f64>; 3] = Default::default();
+    for (path, v) in files {
+        let base_name = v["baseline"].as_str().unwrap_or("ansor");
+        let (ours, base) = (&v["strategies"][strategy], &v["strategies"][base_name]);
+        if ours.is_null() || base.is_null() {
+            return Err(format!("{}: no `{strategy}` or `{base_name}` run", path.display()).into());
+        }
+        let pair = |k: &str| (ours[k].as_f64(), base[k].as_f64());
+        let ratio = |(a, b): (Option<f64>, Option<f64>)| match (a, b) {
+            (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+            _ => None,
+        };
+        // `never` where a run has the figure as null (it never got there), `-` where the
+        // file predates the figure.
+        let f = |x: Option<f64>, d: usize| x.map_or("never".to_string(), |x| format!("{x:.d$}"));
+        let cell = |side: &Value, k: &str, d: usize| match side.get(k) {
+            None => "-".to_string(),
+            Some(x) => f(x.as_f64(), d),
+        };
+        let rcell = |k: &str, r: Option<f64>| match (ours.get(k), base.get(k)) {
+            (Some(_), Some(_)) => f(r, 2),
+            _ => "-".to_string(),
+        };
+        let (fin, reach, near) = (
+            pair("final_gflops"),
+            pair("trials_to_reach_baseline"),
+            pair("trials_to_reach_99pct_baseline"),
+        );
+        let ratios = [ratio(fin), ratio(reach), ratio(near)];
+        for (log, r) in logs.iter_mut().zip(ratios) {
+            if let Some(r) = r {
+                log.push(r.ln());
+            }
+        }
+        out.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            v["workload"].as_str().unwrap_or("?"),
+            v["seeds"].as_array().map_or(0, Vec::len),
+            v["trials"],
+            cell(ours, "final_gflops", 1),
+            cell(base, "final_gflops", 1),
+            rcell("final_gflops", ratios[0]),
+            cell(ours, "trials_to_reach_baseline", 0),
+            cell(base, "trials_to_reach_baseline", 0),
+            rcell("trials_to_reach_baseline", ratios[1]),
+            cell(ours, "trials_to_reach_99pct_baseline", 0),
+            cell(base, "trials_to_reach_99pct_baseline", 0),
+            rcell("trials_to_reach_99pct_baseline", ratios[2]),
+            cell(ours, "wall_s", 0),
+            cell(base, "wall_s", 0),
+        ));
+    }
+    let geo = |l: &Vec<f64>| {
+        (!l.is_empty()).then(|| {
+            format!(
+                "{:.2} (of {})",
+                (l.iter().sum::<f64>() / l.len() as f64).exp(),
+                l.len()
+            )
+        })
+    };
+    let g: Vec<String> = logs.iter().map(|l| geo(l).unwrap_or("-".into())).collect();
+    out.push_str(&format!(
+        "| geometric mean | | | | | {} | | | {} | | | {} | | |\n",
+        g[0], g[1], g[2]
+    ));
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -91,5 +186,52 @@ mod tests {
             "{t}"
         );
         assert!(table(Path::new("/nonexistent-harl-dir")).is_err());
+    }
+
+    #[test]
+    fn compare_rows_give_ratios_against_the_baseline_and_their_geometric_mean() {
+        let dir = std::env::temp_dir().join(format!("harl-cmp-summary-{}", std::process::id()));
+        let run = |w: &str, ours: &str, base: &str| {
+            let d = dir.join(w);
+            std::fs::create_dir_all(&d).expect("dir");
+            let text = format!(
+                r#"{{"workload":"{w}","trials":1000,"seeds":[0,1,2],"baseline":"ansor",
+                "strategies":{{"harl":{ours},"ansor":{base}}}}}"#
+            );
+            std::fs::write(d.join("compare.json"), text).expect("write");
+        };
+        run(
+            "a",
+            r#"{"final_gflops":110.0,"trials_to_reach_baseline":200,"trials_to_reach_99pct_baseline":100,"wall_s":50}"#,
+            r#"{"final_gflops":100.0,"trials_to_reach_baseline":800,"trials_to_reach_99pct_baseline":400,"wall_s":60}"#,
+        );
+        run(
+            "b",
+            r#"{"final_gflops":90.0,"trials_to_reach_baseline":null,"trials_to_reach_99pct_baseline":800,"wall_s":50}"#,
+            r#"{"final_gflops":100.0,"trials_to_reach_baseline":500,"trials_to_reach_99pct_baseline":200,"wall_s":60}"#,
+        );
+        let t = compare_table(&dir, "harl").expect("table");
+        let missing = compare_table(&dir, "random");
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(
+            t.contains(
+                "| a | 3 | 1000 | 110.0 | 100.0 | 1.10 | 200 | 800 | 0.25 | 100 | 400 | 0.25 |"
+            ),
+            "{t}"
+        );
+        assert!(
+            t.contains(
+                "| b | 3 | 1000 | 90.0 | 100.0 | 0.90 | never | 500 | never | 800 | 200 | 4.00 |"
+            ),
+            "{t}"
+        );
+        // sqrt(1.1 * 0.9) = 0.99; the trials ratio only where HARL got there; sqrt(0.25 * 4) = 1.
+        assert!(
+            t.contains(
+                "| geometric mean | | | | | 0.99 (of 2) | | | 0.25 (of 1) | | | 1.00 (of 2) |"
+            ),
+            "{t}"
+        );
+        assert!(missing.is_err());
     }
 }
