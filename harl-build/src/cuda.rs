@@ -82,6 +82,7 @@ pub fn emit(p: &Program) -> Result<CudaModule, CudaError> {
             out: String::new(),
             depth: 1,
             stage: nest.stage,
+            cross_threads: None,
         };
         cx.stmts(&nest.body);
         source.push_str(&format!(
@@ -135,7 +136,9 @@ fn dims(nest: &Nest) -> (usize, usize) {
     }
     (
         find(&nest.body, LoopKind::GpuBlock).unwrap_or(1),
-        find(&nest.body, LoopKind::GpuThread).unwrap_or(1),
+        find(&nest.body, LoopKind::GpuThread)
+            .or_else(|| find(&nest.body, LoopKind::GpuThreadReduce))
+            .unwrap_or(1),
     )
 }
 
@@ -184,6 +187,9 @@ struct Cx<'a> {
     out: String,
     depth: usize,
     stage: usize,
+    /// Inside a [`LoopKind::GpuThreadReduce`] loop: its thread count (accumulator write-backs
+    /// then combine across the block).
+    cross_threads: Option<usize>,
 }
 
 impl Cx<'_> {
@@ -224,6 +230,14 @@ impl Cx<'_> {
                 LoopKind::GpuThread => {
                     self.block(&format!("{{ const long v{var} = threadIdx.x;"), body);
                     self.line("}");
+                }
+                LoopKind::GpuThreadReduce => {
+                    let ty = c_type(self.p.graph.stages[self.stage].dtype).unwrap_or("float");
+                    self.line(&format!("__shared__ {ty} red[{extent}];"));
+                    self.cross_threads = Some(*extent);
+                    self.block(&format!("{{ const long v{var} = threadIdx.x;"), body);
+                    self.line("}");
+                    self.cross_threads = None;
                 }
                 LoopKind::Unrolled | LoopKind::Vectorized => {
                     self.line("#pragma unroll");
@@ -283,14 +297,51 @@ impl Cx<'_> {
             } => {
                 let i = self.idx(index);
                 let at = format!("s{stage}[{}]", self.flat(TensorRef::Stage(*stage), dest));
-                let a = format!("acc[{i}]");
+                let mut a = format!("acc[{i}]");
                 let dtype = self.p.graph.stages[*stage].dtype;
-                let v = match combine {
-                    None => a,
-                    Some(op) => combine_str(*op, &at, &a, dtype),
+                let store_op = match (self.cross_threads, combine) {
+                    (Some(threads), Some(op)) => {
+                        self.block_reduce(threads, *op, &a, dtype);
+                        a = "red[0]".into();
+                        Some(*op)
+                    }
+                    (_, c) => *c,
                 };
-                self.line(&format!("{at} = {v};"));
+                let v = match store_op {
+                    None => a,
+                    Some(op) => combine_str(op, &at, &a, dtype),
+                };
+                if self.cross_threads.is_some() {
+                    self.line(&format!("if (threadIdx.x == 0) {at} = {v};"));
+                    // `red` is reused by the next write-back of the tile.
+                    self.line("__syncthreads();");
+                } else {
+                    self.line(&format!("{at} = {v};"));
+                }
             }
+        }
+    }
+
+    /// Combines each thread's `value` over the block into `red[0]`: a tree in shared memory,
+    /// halving the active threads each step (any thread count: the first step folds the part
+    /// above the largest power of two). Every thread of the block must reach it, which holds
+    /// because the guards around a write-back depend on block and tile indices only.
+    fn block_reduce(&mut self, threads: usize, op: ReduceOp, value: &str, dtype: DType) {
+        self.line(&format!("red[threadIdx.x] = {value};"));
+        self.line("__syncthreads();");
+        let mut half = threads.next_power_of_two() / 2;
+        while half > 0 {
+            let fold = combine_str(
+                op,
+                "red[threadIdx.x]",
+                &format!("red[threadIdx.x + {half}]"),
+                dtype,
+            );
+            self.line(&format!(
+                "if (threadIdx.x < {half} && threadIdx.x + {half} < {threads}) red[threadIdx.x] = {fold};"
+            ));
+            self.line("__syncthreads();");
+            half /= 2;
         }
     }
 

@@ -1,12 +1,21 @@
 //! The GPU search space: one sketch per graph, its parameters sampled at random.
 //!
 //! The structure, per stage (a reduced form of Ansor's CUDA sketch "SSSRRSRS", without the
-//! virtual-thread level and the shared-memory cache reads, which are not built yet):
+//! shared-memory cache reads, which are not built yet):
 //! - every elementwise producer is inlined (padding selects too: a branch is cheap on a GPU);
-//! - a reduction is tiled `B.. T.. R0.. R1.. I..`: each spatial axis split into a block part
-//!   `B`, a thread part `T` and a per-thread register tile `I`, each reduce axis into `R0 R1`;
-//!   the `B` loops fused and bound to blocks, the `T` loops fused and bound to threads, the
-//!   register tile accumulated in registers (`cache_write` at the thread loop) and unrolled;
+//! - a reduction is tiled `B.. T.. R0.. R1.. V.. I..`: each spatial axis split into a block
+//!   part `B`, a virtual-thread part `V`, a thread part `T` and a per-thread register tile `I`
+//!   (split in that order, so an element's index is `b·VTI + v·TI + t·I + i`), each reduce
+//!   axis into `R0 R1`; the `B` loops fused and bound to blocks, the `T` loops fused and bound
+//!   to threads, the `V × I` tile accumulated in registers (`cache_write` at the thread loop)
+//!   and unrolled. Virtual threads are Ansor's answer to coalescing with register tiles: with
+//!   `I = 1`, neighbouring threads touch neighbouring elements at every `v`, yet each thread
+//!   still accumulates `V` outputs;
+//! - a reduction with little spatial parallelism and a long reduction (Ansor's cross-thread
+//!   reduction, when [`GpuParams::cross_thread`] asks for it) instead binds its fused spatial
+//!   loops to blocks and a share of each reduce axis to threads, `B T R..`: each thread
+//!   accumulates a partial result in a register and the block combines the partials in shared
+//!   memory (see [`crate::loop_ir::LoopKind::GpuThreadReduce`]);
 //! - every other stage (elementwise, and the output of an elementwise chain) is a flat nest: all
 //!   spatial loops fused, split by the threads per block, bound to blocks and threads.
 //!
@@ -22,6 +31,8 @@ use serde::{Deserialize, Serialize};
 
 /// Largest register tile per thread (accumulator elements).
 pub const MAX_REGISTER_TILE: usize = 64;
+/// Shortest reduction (product of the reduce extents) offered a cross-thread reduction.
+pub const CROSS_THREAD_MIN_REDUCE: usize = 32;
 /// Thread counts a flat (elementwise) nest may use.
 pub const FLAT_THREADS: [usize; 4] = [64, 128, 256, 512];
 
@@ -29,10 +40,19 @@ pub const FLAT_THREADS: [usize; 4] = [64, 128, 256, 512];
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct GpuParams {
     /// Per tiled (reduction) stage, per spatial axis: `[threads, register tile]`; the block
-    /// part is `ceil(extent / (threads * tile))`.
+    /// part is `ceil(extent / (vthreads * threads * tile))`.
     pub spatial: Vec<Vec<[usize; 2]>>,
+    /// Per tiled stage, per spatial axis: virtual threads (strided register-tile copies per
+    /// thread). Empty (as in records written before they existed) means 1 everywhere.
+    #[serde(default)]
+    pub vthreads: Vec<Vec<usize>>,
     /// Per tiled stage, per reduce axis: the inner part `R1`.
     pub reduce: Vec<Vec<usize>>,
+    /// Per tiled stage: empty for the tiled plan, or per reduce axis the threads that share it
+    /// (a cross-thread reduction; `spatial`, `vthreads` and `reduce` of the stage are then
+    /// unused). Missing (as in records written before it existed) means tiled everywhere.
+    #[serde(default)]
+    pub cross_thread: Vec<Vec<usize>>,
     /// Index into [`FLAT_THREADS`] for the flat nests.
     pub flat_threads: usize,
     /// Unroll the `R1` loops (the register tile loops always are).
@@ -89,28 +109,59 @@ impl GpuSketch {
     /// [`MAX_REGISTER_TILE`]), reduce splits from divisors up to 16.
     pub fn sample(&self, rng: &mut Rng) -> GpuParams {
         let mut spatial = Vec::new();
+        let mut vthreads = Vec::new();
         let mut reduce = Vec::new();
+        let mut cross_thread = Vec::new();
         for s in self.tiled_stages() {
             let st = &self.graph.stages[s];
             let mut tile_left = MAX_REGISTER_TILE;
             let mut threads_left = MAX_GPU_THREADS;
             // Innermost axes first: they are contiguous, and get first pick of threads.
             let mut axes = vec![[1, 1]; st.shape.len()];
+            let mut virt = vec![1; st.shape.len()];
             for a in (0..st.shape.len()).rev() {
                 let e = st.shape[a];
                 let tile = pick_divisor(e, tile_left.min(8), rng);
                 tile_left /= tile;
-                let threads = pick_divisor(e / tile, threads_left, rng);
+                // Half the time no virtual threads, so plain tiles stay as likely as before.
+                let v = if rng.chance(0.5) {
+                    pick_divisor(e / tile, tile_left.min(8), rng)
+                } else {
+                    1
+                };
+                tile_left /= v;
+                let threads = pick_divisor(e / (tile * v), threads_left, rng);
                 threads_left /= threads;
                 axes[a] = [threads, tile];
+                virt[a] = v;
             }
             spatial.push(axes);
+            vthreads.push(virt);
             let red = st.reduce.as_ref().map_or(&[][..], |r| &r.extents[..]);
             reduce.push(red.iter().map(|&e| pick_divisor(e, 16, rng)).collect());
+            // Likelier where the output alone cannot fill the GPU.
+            let chance = if st.size() < reduce_len(st) {
+                0.75
+            } else {
+                0.25
+            };
+            cross_thread.push(if cross_thread_fits(st) && rng.chance(chance) {
+                let mut threads_left = MAX_GPU_THREADS;
+                let mut threads = vec![1; red.len()];
+                for j in (0..red.len()).rev() {
+                    threads[j] = pick_divisor(red[j], threads_left, rng);
+                    threads_left /= threads[j];
+                }
+                threads
+            } else {
+                Vec::new()
+            });
         }
         GpuParams {
             spatial,
+            vthreads,
             reduce,
+            cross_thread,
             flat_threads: rng.below(FLAT_THREADS.len()),
             unroll: rng.chance(0.5),
         }
@@ -118,7 +169,8 @@ impl GpuSketch {
 
     /// The untuned GPU schedule: a register tile of up to 4 on the two innermost spatial axes,
     /// up to 32 threads along the innermost and 8 along the next (256 per block), reduce
-    /// steps of up to 8 unrolled, 256 threads per flat nest.
+    /// steps of up to 8 unrolled, 256 threads per flat nest; a reduction with fewer outputs
+    /// than reduced elements is a cross-thread reduction over up to 256 threads.
     pub fn default_params(&self) -> GpuParams {
         let largest = |n: usize, cap: usize| {
             (1..=cap.min(n))
@@ -128,6 +180,7 @@ impl GpuSketch {
         };
         let mut spatial = Vec::new();
         let mut reduce = Vec::new();
+        let mut cross_thread = Vec::new();
         for s in self.tiled_stages() {
             let st = &self.graph.stages[s];
             let ns = st.shape.len();
@@ -146,10 +199,23 @@ impl GpuSketch {
             spatial.push(axes);
             let red = st.reduce.as_ref().map_or(&[][..], |r| &r.extents[..]);
             reduce.push(red.iter().map(|&e| largest(e, 8)).collect());
+            cross_thread.push(if cross_thread_fits(st) && st.size() < reduce_len(st) {
+                let mut threads_left = 256;
+                let mut threads = vec![1; red.len()];
+                for j in (0..red.len()).rev() {
+                    threads[j] = largest(red[j], threads_left);
+                    threads_left /= threads[j];
+                }
+                threads
+            } else {
+                Vec::new()
+            });
         }
         GpuParams {
             spatial,
+            vthreads: Vec::new(),
             reduce,
+            cross_thread,
             flat_threads: 2,
             unroll: true,
         }
@@ -171,7 +237,11 @@ impl GpuSketch {
             why: format!("parameters: {why}"),
         };
         let n_tiled = self.tiled_stages().count();
-        if p.spatial.len() != n_tiled || p.reduce.len() != n_tiled {
+        if p.spatial.len() != n_tiled
+            || p.reduce.len() != n_tiled
+            || !(p.vthreads.is_empty() || p.vthreads.len() == n_tiled)
+            || !(p.cross_thread.is_empty() || p.cross_thread.len() == n_tiled)
+        {
             return Err(bad(format!("{n_tiled} tiled stages")));
         }
         let flat_threads = *FLAT_THREADS
@@ -191,24 +261,80 @@ impl GpuSketch {
                 GpuPlan::Flat => emit_flat(&mut steps, s, &st.shape, flat_threads),
                 GpuPlan::Tiled => {
                     let (sp, red) = (&p.spatial[k], &p.reduce[k]);
+                    let ones = vec![1; sp.len()];
+                    let virt = p.vthreads.get(k).unwrap_or(&ones);
+                    let cross = p.cross_thread.get(k).map_or(&[][..], |c| &c[..]);
                     k += 1;
                     let nr = st.reduce.as_ref().map_or(0, |r| r.extents.len());
-                    if sp.len() != st.shape.len() || red.len() != nr {
+                    if !cross.is_empty() {
+                        let threads: usize = cross.iter().product();
+                        if !cross_thread_fits(st)
+                            || cross.len() != nr
+                            || cross.contains(&0)
+                            || threads > MAX_GPU_THREADS
+                        {
+                            return Err(bad(format!("stage {s}: cross-thread {cross:?}")));
+                        }
+                        emit_cross_thread(&mut steps, s, st.shape.len(), cross);
+                        continue;
+                    }
+                    if sp.len() != st.shape.len() || red.len() != nr || virt.len() != sp.len() {
                         return Err(bad(format!("stage {s}: wrong number of axes")));
                     }
+                    if virt.contains(&0) {
+                        return Err(bad(format!("stage {s}: zero virtual threads")));
+                    }
                     let threads: usize = sp.iter().map(|a| a[0]).product();
-                    let tile: usize = sp.iter().map(|a| a[1]).product();
+                    let tile: usize = sp.iter().zip(virt).map(|(a, v)| a[1] * v).product();
                     if threads > MAX_GPU_THREADS || tile > MAX_ACC_ELEMS.min(MAX_REGISTER_TILE) {
                         return Err(bad(format!(
                             "stage {s}: {threads} threads or a register tile of {tile}"
                         )));
                     }
-                    emit_tiled(&mut steps, s, sp, red, p.unroll);
+                    emit_tiled(&mut steps, s, sp, virt, red, p.unroll);
                 }
             }
         }
         Ok(steps)
     }
+}
+
+fn reduce_len(st: &harl_te::Stage) -> usize {
+    st.reduce.as_ref().map_or(1, |r| r.extents.iter().product())
+}
+
+/// Whether a cross-thread reduction can schedule `st`: a spatial loop to bind to blocks and a
+/// reduction long enough to share.
+fn cross_thread_fits(st: &harl_te::Stage) -> bool {
+    !st.shape.is_empty() && st.reduce.is_some() && reduce_len(st) >= CROSS_THREAD_MIN_REDUCE
+}
+
+/// `B T R..`: the spatial loops fused and bound to blocks; each reduce axis split into
+/// `[Ro, Rt]` with `Rt` of `threads[j]` (innermost, so neighbouring threads read neighbouring
+/// elements), the `Rt` loops fused and bound to threads over a one-element accumulator.
+fn emit_cross_thread(steps: &mut Vec<Step>, s: usize, ns: usize, threads: &[usize]) {
+    let nr = threads.len();
+    for (j, &t) in threads.iter().enumerate().rev() {
+        steps.push(Step::Split {
+            stage: s,
+            at: ns + j,
+            factors: vec![t],
+        });
+    }
+    // Loops now: spatial a at a, reduce j -> [Ro, Rt] at ns + 2j.
+    let mut order: Vec<usize> = (0..ns).collect();
+    order.extend((0..nr).map(|j| ns + 2 * j + 1));
+    order.extend((0..nr).map(|j| ns + 2 * j));
+    steps.push(Step::Reorder { stage: s, order });
+    for _ in 1..ns {
+        steps.push(Step::Fuse { stage: s, at: 0 });
+    }
+    for _ in 1..nr {
+        steps.push(Step::Fuse { stage: s, at: 1 });
+    }
+    steps.push(Step::CacheWrite { stage: s, at: 1 });
+    steps.push(Step::BindBlock { stage: s, at: 0 });
+    steps.push(Step::BindThread { stage: s, at: 1 });
 }
 
 /// A divisor of `n` within `cap`, uniformly among them.
@@ -238,12 +364,19 @@ fn emit_flat(steps: &mut Vec<Step>, s: usize, shape: &[usize], threads: usize) {
     steps.push(Step::BindThread { stage: s, at: 1 });
 }
 
-/// `B.. T.. R0.. R1.. I..`, blocks and threads bound, the register tile accumulated.
-fn emit_tiled(steps: &mut Vec<Step>, s: usize, sp: &[[usize; 2]], red: &[usize], unroll: bool) {
+/// `B.. T.. R0.. R1.. V.. I..`, blocks and threads bound, the `V × I` tile accumulated.
+fn emit_tiled(
+    steps: &mut Vec<Step>,
+    s: usize,
+    sp: &[[usize; 2]],
+    virt: &[usize],
+    red: &[usize],
+    unroll: bool,
+) {
     let ns = sp.len();
     let nr = red.len();
-    // Loop list after the splits: axis a (spatial) -> [B, T, I] at 3a, reduce axis j -> [R0, R1]
-    // at 3ns + 2j. Split from the last loop back so earlier positions stay put.
+    // Loop list after the splits: axis a (spatial) -> [B, V, T, I] at 4a, reduce axis j ->
+    // [R0, R1] at 4ns + 2j. Split from the last loop back so earlier positions stay put.
     for (j, &r1) in red.iter().enumerate().rev() {
         steps.push(Step::Split {
             stage: s,
@@ -251,22 +384,24 @@ fn emit_tiled(steps: &mut Vec<Step>, s: usize, sp: &[[usize; 2]], red: &[usize],
             factors: vec![r1],
         });
     }
-    for (a, &[t, i]) in sp.iter().enumerate().rev() {
+    for (a, (&[t, i], &v)) in sp.iter().zip(virt).enumerate().rev() {
         steps.push(Step::Split {
             stage: s,
             at: a,
-            factors: vec![t, i],
+            factors: vec![v, t, i],
         });
     }
-    let b = |a: usize| 3 * a;
-    let t = |a: usize| 3 * a + 1;
-    let i = |a: usize| 3 * a + 2;
-    let r0 = |j: usize| 3 * ns + 2 * j;
-    let r1 = |j: usize| 3 * ns + 2 * j + 1;
+    let b = |a: usize| 4 * a;
+    let v = |a: usize| 4 * a + 1;
+    let t = |a: usize| 4 * a + 2;
+    let i = |a: usize| 4 * a + 3;
+    let r0 = |j: usize| 4 * ns + 2 * j;
+    let r1 = |j: usize| 4 * ns + 2 * j + 1;
     let mut order: Vec<usize> = (0..ns).map(b).collect();
     order.extend((0..ns).map(t));
     order.extend((0..nr).map(r0));
     order.extend((0..nr).map(r1));
+    order.extend((0..ns).map(v));
     order.extend((0..ns).map(i));
     steps.push(Step::Reorder { stage: s, order });
     // Fuse the block loops into loop 0, then the thread loops into loop 1.
@@ -279,11 +414,11 @@ fn emit_tiled(steps: &mut Vec<Step>, s: usize, sp: &[[usize; 2]], red: &[usize],
     steps.push(Step::BindBlock { stage: s, at: 0 });
     steps.push(Step::BindThread { stage: s, at: 1 });
     steps.push(Step::CacheWrite { stage: s, at: 1 });
-    // Loops after fusion: B, T, R0 x nr, R1 x nr, I x ns. The register tile is always
+    // Loops after fusion: B, T, R0 x nr, R1 x nr, V x ns, I x ns. The register tile is always
     // unrolled (a dynamically indexed accumulator would live in local memory); `R1` on request.
     let first_r1 = 2 + nr;
     let first = if unroll { first_r1 } else { first_r1 + nr };
-    for at in first..first_r1 + nr + ns {
+    for at in first..first_r1 + nr + 2 * ns {
         steps.push(Step::Unroll { stage: s, at });
     }
 }
@@ -326,11 +461,92 @@ mod tests {
     }
 
     #[test]
+    fn virtual_threads_stride_a_threads_tile_and_compute_the_same() {
+        let g = w::matmul(16, 8, 32).expect("mm");
+        let sk = GpuSketch::new(&g).expect("sketch");
+        // Columns: 2 virtual threads x 8 threads x 1 element: thread t owns columns t and t + 8
+        // of each 16-wide block column.
+        let p = GpuParams {
+            spatial: vec![vec![[4, 2], [8, 1]]],
+            vthreads: vec![vec![1, 2]],
+            cross_thread: Vec::new(),
+            reduce: vec![vec![4]],
+            flat_threads: 0,
+            unroll: true,
+        };
+        let s = sk.to_schedule(&p).expect("lowers");
+        let split = s.steps.iter().find_map(|st| match st {
+            Step::Split { at: 1, factors, .. } => Some(factors.clone()),
+            _ => None,
+        });
+        assert_eq!(split, Some(vec![2, 8, 1]));
+        let program = lower(&g, &s).expect("lowers");
+        let a: Vec<f64> = (0..16 * 8).map(|i| (i % 7) as f64 - 3.0).collect();
+        let b: Vec<f64> = (0..8 * 32).map(|i| (i % 5) as f64 * 0.5).collect();
+        let want = harl_te::interp::run(&g, &[&a, &b]).expect("interpreter");
+        let got = crate::loop_ir::execute(&program, &[&a, &b]).expect("execute");
+        assert_eq!(got, want);
+        // The register tile counts virtual threads: (2 x 8) x (8 x 1) = 128 accumulators is
+        // too many.
+        let big = GpuParams {
+            spatial: vec![vec![[1, 8], [4, 1]]],
+            vthreads: vec![vec![2, 8]],
+            ..p.clone()
+        };
+        assert!(sk.to_schedule(&big).is_err());
+        let zero = GpuParams {
+            vthreads: vec![vec![1, 0]],
+            ..p
+        };
+        assert!(sk.to_schedule(&zero).is_err());
+    }
+
+    #[test]
+    fn cross_thread_reductions_share_the_reduce_axes_and_compute_the_same() {
+        // 4 outputs of 8 x 12 = 96 products each: too little to tile, enough to share.
+        let g = w::conv2d(1, 8, 3, 4, 4, 3, 4, 1, 0, 1, 1).expect("conv");
+        let sk = GpuSketch::new(&g).expect("sketch");
+        let dflt = sk.default_params();
+        assert_eq!(dflt.cross_thread, vec![vec![8, 3, 4]]);
+        // A thread count that is not a power of two (2 x 3 x 4 = 24) folds in the tree too.
+        let p = GpuParams {
+            cross_thread: vec![vec![2, 3, 4]],
+            ..dflt
+        };
+        let program = lower(&g, &sk.to_schedule(&p).expect("lowers")).expect("lowers");
+        // Small integers: every order of summation gives the same f64.
+        let x: Vec<f64> = (0..8 * 3 * 4).map(|i| (i % 7) as f64 - 3.0).collect();
+        let f: Vec<f64> = (0..4 * 8 * 12).map(|i| (i % 5) as f64 - 2.0).collect();
+        let want = harl_te::interp::run(&g, &[&x, &f]).expect("interpreter");
+        let got = crate::loop_ir::execute(&program, &[&x, &f]).expect("execute");
+        assert_eq!(got, want);
+        let m = crate::cuda::emit(&program).expect("emits");
+        let nest = m.launches.last().expect("a nest");
+        assert_eq!((nest.grid, nest.block), (4, 24));
+        assert!(
+            m.source.contains("__shared__ float red[24];"),
+            "{}",
+            m.source
+        );
+        assert!(m.source.contains("threadIdx.x + 16 < 24"), "{}", m.source);
+        // Zero threads, a missing axis, more threads than an axis or a block holds.
+        for bad in [vec![vec![0, 3, 4]], vec![vec![8, 3]], vec![vec![8, 12, 12]]] {
+            let p = GpuParams {
+                cross_thread: bad,
+                ..sk.default_params()
+            };
+            assert!(sk.to_schedule(&p).is_err(), "{:?}", p.cross_thread);
+        }
+    }
+
+    #[test]
     fn too_many_threads_is_an_error() {
         let g = w::matmul(64, 64, 64).expect("mm");
         let sk = GpuSketch::new(&g).expect("sketch");
         let p = GpuParams {
             spatial: vec![vec![[64, 1], [32, 1]]],
+            vthreads: Vec::new(),
+            cross_thread: Vec::new(),
             reduce: vec![vec![1]],
             flat_threads: 0,
             unroll: false,

@@ -24,6 +24,12 @@ pub enum LoopKind {
     /// One GPU thread per iteration (`threadIdx.x`); directly inside the block loop. Serial on
     /// the CPU.
     GpuThread,
+    /// The threads of a block each take a share of a reduction (a reduce loop bound to
+    /// `threadIdx.x`, directly inside the block loop): each accumulates a partial result in
+    /// registers, and the accumulator's write-back combines the partials across the block
+    /// (Ansor's cross-thread reduction). Serial on the CPU, where the write-back's combine
+    /// does the same.
+    GpuThreadReduce,
 }
 
 /// A statement.

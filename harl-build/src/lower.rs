@@ -336,14 +336,22 @@ impl Lowering {
                 if *at != 1 || st.loops[0].kind != LoopKind::GpuBlock {
                     return Err("threads bind to the loop right inside the block loop".into());
                 }
-                if st.loops[1].reduce || st.loops[1].kind != LoopKind::Serial {
-                    return Err("a thread loop must be a plain spatial loop".into());
+                if st.loops[1].kind != LoopKind::Serial {
+                    return Err("a thread loop must be a plain loop".into());
+                }
+                if st.loops[1].reduce && st.cache_write != Some(1) {
+                    // Without a per-thread accumulator, threads would race on the output.
+                    return Err("threads bind to a reduce loop only after cache_write at it".into());
                 }
                 let ext = st.loop_extent(&st.loops[1]);
                 if ext > MAX_GPU_THREADS {
                     return Err(format!("{ext} threads per block exceed {MAX_GPU_THREADS}"));
                 }
-                self.stages[*stage].loops[1].kind = LoopKind::GpuThread;
+                self.stages[*stage].loops[1].kind = if st.loops[1].reduce {
+                    LoopKind::GpuThreadReduce
+                } else {
+                    LoopKind::GpuThread
+                };
                 Ok(())
             }
             Step::Vectorize { stage, at } | Step::Unroll { stage, at } => {
@@ -355,7 +363,10 @@ impl Lowering {
                 }
                 if matches!(
                     st.loops[*at].kind,
-                    LoopKind::Parallel | LoopKind::GpuBlock | LoopKind::GpuThread
+                    LoopKind::Parallel
+                        | LoopKind::GpuBlock
+                        | LoopKind::GpuThread
+                        | LoopKind::GpuThreadReduce
                 ) {
                     return Err("loop is already parallel or bound".into());
                 }

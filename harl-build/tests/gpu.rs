@@ -93,11 +93,16 @@ fn random_gpu_schedules_compile_to_ptx_that_ptxas_accepts() {
             "dense_bias_relu",
             w::dense_bias_relu(64, 128, 96).expect("dense"),
         ),
+        // Little spatial parallelism: the default is a cross-thread reduction.
+        ("softmax 128x768", w::softmax(128, 768).expect("softmax")),
+        ("gemv 4096->64", w::matmul(1, 4096, 64).expect("gemv")),
     ];
     for (name, g) in graphs {
         let sk = GpuSketch::new(&g).expect("sketch");
-        for _ in 0..3 {
-            let p = sk.sample(&mut rng);
+        let params: Vec<_> = std::iter::once(sk.default_params())
+            .chain((0..3).map(|_| sk.sample(&mut rng)))
+            .collect();
+        for p in params {
             let program = lower(&g, &sk.to_schedule(&p).expect("valid")).expect("lowers");
             let m = cuda::emit(&program).expect("emits");
             for cc in [90, 80] {
