@@ -14,6 +14,7 @@
 use crate::suite;
 use crate::tune::{run_tasks, RunSpec};
 use crate::Error;
+use harl_build::target::TargetFingerprint;
 use harl_build::tune::sketch::Task;
 use harl_build::tune::tuner::{PhaseTimes, TuneResult};
 use serde_json::{json, Value};
@@ -143,11 +144,15 @@ struct SavedRun {
     reused: bool,
 }
 
-/// The settings a saved run must match to stand in for a new one.
+/// The settings a saved run must match to stand in for a new one, the machine among them: a
+/// run measured on another CPU (an AVX-512 one, say, against this AVX2 one) is not comparable,
+/// and machines change between sessions.
 fn run_key(o: &Options, spec: &str, strategy: &str, seed: u64) -> Value {
+    let host = TargetFingerprint::host();
     json!({
         "spec": spec, "strategy": strategy, "seed": seed, "trials": o.trials,
         "threads": o.threads, "batch": o.batch, "seed_default": o.seed_default,
+        "isa_class": host.isa_class, "cpu_model": host.cpu_model,
     })
 }
 
