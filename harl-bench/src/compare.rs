@@ -45,6 +45,21 @@ pub struct Options {
     pub seed_default: bool,
 }
 
+impl Options {
+    /// The run settings of one strategy, scheduler and seed under these options.
+    fn run_spec<'a>(&self, strategy: &'a str, scheduler: &'a str, seed: u64) -> RunSpec<'a> {
+        RunSpec {
+            strategy,
+            scheduler,
+            trials: self.trials,
+            seed,
+            threads: self.threads,
+            batch: self.batch,
+            seed_default: self.seed_default,
+        }
+    }
+}
+
 /// Parses the options of `compare`.
 pub fn parse(args: &[String]) -> Result<Options, Error> {
     let mut o = Options {
@@ -173,18 +188,7 @@ fn workload_run(
         return Ok(saved);
     }
     let task = Task::new(workload.name.clone(), graph.clone(), 1.0);
-    let r = run_tasks(
-        vec![task],
-        &RunSpec {
-            strategy,
-            scheduler: "gradient",
-            trials: o.trials,
-            seed,
-            threads: o.threads,
-            batch: o.batch,
-            seed_default: o.seed_default,
-        },
-    )?;
+    let r = run_tasks(vec![task], &o.run_spec(strategy, "gradient", seed))?;
     let run = SavedRun {
         curve: curve(&r),
         phases: r.phases,
@@ -436,18 +440,7 @@ fn compare_network(o: &Options) -> Result<(), Error> {
         for &seed in &o.seeds {
             let tasks = bert_layer()?;
             let names: Vec<String> = tasks.iter().map(|t| t.name.clone()).collect();
-            let r = run_tasks(
-                tasks,
-                &RunSpec {
-                    strategy,
-                    scheduler,
-                    trials: o.trials,
-                    seed,
-                    threads: o.threads,
-                    batch: o.batch,
-                    seed_default: o.seed_default,
-                },
-            )?;
+            let r = run_tasks(tasks, &o.run_spec(strategy, scheduler, seed))?;
             let best = r.curve.last().map(|p| p.best_latency_s);
             println!(
                 "bert layer, scheduler {scheduler} + {strategy}, seed {seed}: {} trials in {:.1} s, weighted latency {}",

@@ -326,12 +326,19 @@ fn emit_cross_thread(steps: &mut Vec<Step>, s: usize, ns: usize, threads: &[usiz
     order.extend((0..nr).map(|j| ns + 2 * j + 1));
     order.extend((0..nr).map(|j| ns + 2 * j));
     steps.push(Step::Reorder { stage: s, order });
-    for _ in 1..ns {
+    fuse_and_bind(steps, s, ns, nr);
+}
+
+/// Fuses the first `n_block` loops into loop 0 and the next `n_thread` into loop 1, then
+/// accumulates at loop 1 (`cache_write`) and binds loop 0 to blocks and loop 1 to threads.
+fn fuse_and_bind(steps: &mut Vec<Step>, s: usize, n_block: usize, n_thread: usize) {
+    for _ in 1..n_block {
         steps.push(Step::Fuse { stage: s, at: 0 });
     }
-    for _ in 1..nr {
+    for _ in 1..n_thread {
         steps.push(Step::Fuse { stage: s, at: 1 });
     }
+    // Before the thread binding: a reduce loop binds to threads only over an accumulator.
     steps.push(Step::CacheWrite { stage: s, at: 1 });
     steps.push(Step::BindBlock { stage: s, at: 0 });
     steps.push(Step::BindThread { stage: s, at: 1 });
@@ -404,16 +411,7 @@ fn emit_tiled(
     order.extend((0..ns).map(v));
     order.extend((0..ns).map(i));
     steps.push(Step::Reorder { stage: s, order });
-    // Fuse the block loops into loop 0, then the thread loops into loop 1.
-    for _ in 1..ns {
-        steps.push(Step::Fuse { stage: s, at: 0 });
-    }
-    for _ in 1..ns {
-        steps.push(Step::Fuse { stage: s, at: 1 });
-    }
-    steps.push(Step::BindBlock { stage: s, at: 0 });
-    steps.push(Step::BindThread { stage: s, at: 1 });
-    steps.push(Step::CacheWrite { stage: s, at: 1 });
+    fuse_and_bind(steps, s, ns, ns);
     // Loops after fusion: B, T, R0 x nr, R1 x nr, V x ns, I x ns. The register tile is always
     // unrolled (a dynamically indexed accumulator would live in local memory); `R1` on request.
     let first_r1 = 2 + nr;
