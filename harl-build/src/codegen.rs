@@ -460,6 +460,8 @@ impl Cx<'_> {
                     }
                 }
             }
+            // On the CPU the reads stay global: a cache-sized box gains nothing from a copy.
+            Stmt::Shared { body, .. } => self.stmts(body),
             Stmt::AccDecl { size, dtype, init } => {
                 let init = const_lit(*init, *dtype);
                 self.line(&format!("let mut acc = [{init}; {size}];"));

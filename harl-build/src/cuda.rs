@@ -10,7 +10,8 @@
 //! (`const T* __restrict__ i0..`) then each stage buffer (`T* s0..`), the output last.
 
 use crate::loop_ir::in_bounds;
-use crate::loop_ir::{LoopKind, Nest, Program, Stmt};
+use crate::loop_ir::{LoopKind, Nest, Program, SharedBox, Stmt};
+use harl_te::graph::interval;
 use harl_te::{BinaryOp, DType, Expr, ReduceOp, TensorRef, UnaryOp};
 
 /// Threads per block of the fill kernels.
@@ -83,7 +84,9 @@ pub fn emit(p: &Program) -> Result<CudaModule, CudaError> {
             depth: 1,
             stage: nest.stage,
             cross_threads: None,
+            shared: Vec::new(),
         };
+        cx.declare_shared(&nest.body)?;
         cx.stmts(&nest.body);
         source.push_str(&format!(
             "extern \"C\" __global__ void __launch_bounds__({block}) {name}({params}) {{\n{}}}\n\n",
@@ -190,6 +193,8 @@ struct Cx<'a> {
     /// Inside a [`LoopKind::GpuThreadReduce`] loop: its thread count (accumulator write-backs
     /// then combine across the block).
     cross_threads: Option<usize>,
+    /// The shared boxes in scope, innermost last: reads of their inputs go to `sh<input>`.
+    shared: Vec<SharedBox>,
 }
 
 impl Cx<'_> {
@@ -273,6 +278,7 @@ impl Cx<'_> {
                 };
                 self.line(&format!("{at} = {v};"));
             }
+            Stmt::Shared { boxes, body } => self.shared_scope(boxes, body),
             Stmt::AccDecl { size, dtype, init } => {
                 let ty = c_type(*dtype).unwrap_or("float");
                 self.line(&format!("{ty} acc[{size}];"));
@@ -320,6 +326,113 @@ impl Cx<'_> {
                 }
             }
         }
+    }
+
+    /// Declares one `__shared__` array per staged input at the top of the kernel, as large as
+    /// its largest box (one declaration, so copies of a scope share it).
+    fn declare_shared(&mut self, stmts: &[Stmt]) -> Result<(), CudaError> {
+        fn boxes<'s>(stmts: &'s [Stmt], out: &mut Vec<&'s SharedBox>) {
+            for s in stmts {
+                match s {
+                    Stmt::For { body, .. } | Stmt::If { body, .. } => boxes(body, out),
+                    Stmt::Shared { boxes: b, body } => {
+                        out.extend(b);
+                        boxes(body, out);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        let mut all = Vec::new();
+        boxes(stmts, &mut all);
+        let mut sizes: Vec<(usize, usize)> = Vec::new();
+        for b in all {
+            match sizes.iter_mut().find(|(i, _)| *i == b.input) {
+                Some((_, n)) => *n = (*n).max(b.len()),
+                None => sizes.push((b.input, b.len())),
+            }
+        }
+        sizes.sort_unstable();
+        for (input, len) in sizes {
+            let ty = c_type(self.p.graph.inputs[input].dtype)?;
+            self.line(&format!("__shared__ {ty} sh{input}[{len}];"));
+        }
+        Ok(())
+    }
+
+    /// The block's threads copy each box (consecutive threads, consecutive elements of the
+    /// innermost dimension: coalesced), zero outside the input, between two barriers; then the
+    /// body runs with the boxes in scope. The first barrier keeps a copy from overwriting what
+    /// slower threads still read in the previous iteration.
+    fn shared_scope(&mut self, boxes: &[SharedBox], body: &[Stmt]) {
+        self.line("__syncthreads();");
+        self.line("{");
+        self.depth += 1;
+        for b in boxes {
+            let i = b.input;
+            let shape = self.p.graph.inputs[i].shape.clone();
+            let dtype = self.p.graph.inputs[i].dtype;
+            for (d, o) in b.origin.iter().enumerate() {
+                let o = self.idx(o);
+                self.line(&format!("const long so{i}_{d} = {o};"));
+            }
+            let mut lines = Vec::new();
+            let mut conds = Vec::new();
+            let mut flat = Vec::new();
+            let mut inner = 1usize;
+            let mut stride = 1usize;
+            for d in (0..b.extents.len()).rev() {
+                let e = b.extents[d];
+                let part = match (inner, d) {
+                    (1, _) if d == 0 => "sf".to_string(),
+                    (1, _) => format!("(sf % {e})"),
+                    (k, 0) => format!("(sf / {k})"),
+                    (k, _) => format!("((sf / {k}) % {e})"),
+                };
+                lines.push(format!("const long g{d} = so{i}_{d} + {part};"));
+                let (lo, hi) = interval(&b.origin[d], &self.p.var_extents);
+                if lo < 0 || hi + e as i64 > shape[d] as i64 {
+                    conds.push(format!("g{d} >= 0 && g{d} < {}", shape[d]));
+                }
+                flat.push(if stride == 1 {
+                    format!("g{d}")
+                } else {
+                    format!("g{d} * {stride}L")
+                });
+                inner *= e;
+                stride *= shape[d];
+            }
+            lines.reverse();
+            flat.reverse();
+            let read = format!("i{i}[{}]", flat.join(" + "));
+            let value = if conds.is_empty() {
+                read
+            } else {
+                format!(
+                    "({}) ? {read} : {}",
+                    conds.join(" && "),
+                    literal(0.0, dtype)
+                )
+            };
+            self.line(&format!(
+                "for (int sf = threadIdx.x; sf < {}; sf += blockDim.x) {{",
+                b.len()
+            ));
+            self.depth += 1;
+            for l in lines {
+                self.line(&l);
+            }
+            self.line(&format!("sh{i}[sf] = {value};"));
+            self.depth -= 1;
+            self.line("}");
+        }
+        self.line("__syncthreads();");
+        let depth = self.shared.len();
+        self.shared.extend(boxes.iter().cloned());
+        self.stmts(body);
+        self.shared.truncate(depth);
+        self.depth -= 1;
+        self.line("}");
     }
 
     /// Combines each thread's `value` over the block into `red[0]`: a tree in shared memory,
@@ -473,6 +586,25 @@ impl Cx<'_> {
     fn load(&mut self, t: TensorRef, idx: &[Expr]) -> (String, Ty) {
         let shape = self.p.graph.shape(t).to_vec();
         let dtype = self.p.graph.dtype(t);
+        if let TensorRef::Input(i) = t {
+            let staged = self.shared.iter().rev().find(|b| b.input == i).cloned();
+            if let Some(b) = staged {
+                // Lowering proved every read inside the scope lies in the box.
+                let mut terms = Vec::new();
+                let mut stride = 1usize;
+                for d in (0..idx.len()).rev() {
+                    let v = self.idx(&idx[d]);
+                    terms.push(if stride == 1 {
+                        format!("({v} - so{i}_{d})")
+                    } else {
+                        format!("({v} - so{i}_{d}) * {stride}L")
+                    });
+                    stride *= b.extents[d];
+                }
+                terms.reverse();
+                return (format!("sh{i}[{}]", terms.join(" + ")), Ty::Val(dtype));
+            }
+        }
         let base = match t {
             TensorRef::Input(i) => format!("i{i}"),
             TensorRef::Stage(s) => format!("s{s}"),

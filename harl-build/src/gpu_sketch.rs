@@ -1,7 +1,6 @@
 //! The GPU search space: one sketch per graph, its parameters sampled at random.
 //!
-//! The structure, per stage (a reduced form of Ansor's CUDA sketch "SSSRRSRS", without the
-//! shared-memory cache reads, which are not built yet):
+//! The structure, per stage (a reduced form of Ansor's CUDA sketch "SSSRRSRS"):
 //! - every elementwise producer is inlined (padding selects too: a branch is cheap on a GPU);
 //! - a reduction is tiled `B.. T.. R0.. R1.. V.. I..`: each spatial axis split into a block
 //!   part `B`, a virtual-thread part `V`, a thread part `T` and a per-thread register tile `I`
@@ -10,7 +9,11 @@
 //!   to threads, the `V × I` tile accumulated in registers (`cache_write` at the thread loop)
 //!   and unrolled. Virtual threads are Ansor's answer to coalescing with register tiles: with
 //!   `I = 1`, neighbouring threads touch neighbouring elements at every `v`, yet each thread
-//!   still accumulates `V` outputs;
+//!   still accumulates `V` outputs. When [`GpuParams::shared`] asks for it, every graph input
+//!   the stage reads is staged in shared memory at the innermost `R0` loop (Ansor's cache
+//!   read): per `R0` step the block copies the box its threads' `R1 × V × I` loops read,
+//!   coalesced, and each element fetched from global memory once per block is then read from
+//!   shared memory by every thread that needs it (a GEMM tile's rows by all its columns);
 //! - a reduction with little spatial parallelism and a long reduction (Ansor's cross-thread
 //!   reduction, when [`GpuParams::cross_thread`] asks for it) instead binds its fused spatial
 //!   loops to blocks and a share of each reduce axis to threads, `B T R..`: each thread
@@ -53,6 +56,11 @@ pub struct GpuParams {
     /// unused). Missing (as in records written before it existed) means tiled everywhere.
     #[serde(default)]
     pub cross_thread: Vec<Vec<usize>>,
+    /// Per tiled stage: stage the graph inputs it reads in shared memory at its innermost
+    /// `R0` loop (the tiled plan only). Missing (as in records written before it existed)
+    /// means no staging.
+    #[serde(default)]
+    pub shared: Vec<bool>,
     /// Index into [`FLAT_THREADS`] for the flat nests.
     pub flat_threads: usize,
     /// Unroll the `R1` loops (the register tile loops always are).
@@ -112,8 +120,10 @@ impl GpuSketch {
         let mut vthreads = Vec::new();
         let mut reduce = Vec::new();
         let mut cross_thread = Vec::new();
+        let mut shared = Vec::new();
         for s in self.tiled_stages() {
             let st = &self.graph.stages[s];
+            shared.push(rng.chance(0.75));
             let mut tile_left = MAX_REGISTER_TILE;
             let mut threads_left = MAX_GPU_THREADS;
             // Innermost axes first: they are contiguous, and get first pick of threads.
@@ -157,14 +167,45 @@ impl GpuSketch {
                 Vec::new()
             });
         }
-        GpuParams {
+        let p = GpuParams {
             spatial,
             vthreads,
             reduce,
             cross_thread,
+            shared,
             flat_threads: rng.below(FLAT_THREADS.len()),
             unroll: rng.chance(0.5),
+        };
+        self.fit_shared(p)
+    }
+
+    /// `p`, without shared staging if its boxes do not fit a block's shared memory (the one
+    /// constraint construction does not ensure).
+    fn fit_shared(&self, mut p: GpuParams) -> GpuParams {
+        if p.shared.iter().any(|&b| b) && self.to_schedule(&p).is_err() {
+            p.shared.iter_mut().for_each(|b| *b = false);
         }
+        p
+    }
+
+    /// The graph inputs stage `s` reads once its elementwise producers are inlined, in order.
+    fn inputs_read(&self, s: usize) -> Vec<usize> {
+        fn walk(g: &Graph, plans: &[GpuPlan], s: usize, out: &mut Vec<usize>) {
+            g.stages[s].body.visit(&mut |e| match e {
+                harl_te::Expr::Load(harl_te::TensorRef::Input(i), _) => out.push(*i),
+                harl_te::Expr::Load(harl_te::TensorRef::Stage(t), _)
+                    if plans.get(*t) == Some(&GpuPlan::Inline) =>
+                {
+                    walk(g, plans, *t, out)
+                }
+                _ => {}
+            });
+        }
+        let mut out = Vec::new();
+        walk(&self.graph, &self.plans, s, &mut out);
+        out.sort_unstable();
+        out.dedup();
+        out
     }
 
     /// The untuned GPU schedule: a register tile of up to 4 on the two innermost spatial axes,
@@ -181,8 +222,10 @@ impl GpuSketch {
         let mut spatial = Vec::new();
         let mut reduce = Vec::new();
         let mut cross_thread = Vec::new();
+        let mut shared = Vec::new();
         for s in self.tiled_stages() {
             let st = &self.graph.stages[s];
+            shared.push(true);
             let ns = st.shape.len();
             let axes = (0..ns)
                 .map(|a| {
@@ -211,14 +254,15 @@ impl GpuSketch {
                 Vec::new()
             });
         }
-        GpuParams {
+        self.fit_shared(GpuParams {
             spatial,
             vthreads: Vec::new(),
             reduce,
             cross_thread,
+            shared,
             flat_threads: 2,
             unroll: true,
-        }
+        })
     }
 
     /// The schedule of `p`, checked by lowering.
@@ -241,6 +285,7 @@ impl GpuSketch {
             || p.reduce.len() != n_tiled
             || !(p.vthreads.is_empty() || p.vthreads.len() == n_tiled)
             || !(p.cross_thread.is_empty() || p.cross_thread.len() == n_tiled)
+            || !(p.shared.is_empty() || p.shared.len() == n_tiled)
         {
             return Err(bad(format!("{n_tiled} tiled stages")));
         }
@@ -264,6 +309,11 @@ impl GpuSketch {
                     let ones = vec![1; sp.len()];
                     let virt = p.vthreads.get(k).unwrap_or(&ones);
                     let cross = p.cross_thread.get(k).map_or(&[][..], |c| &c[..]);
+                    let staged = if p.shared.get(k).copied().unwrap_or(false) {
+                        self.inputs_read(s)
+                    } else {
+                        Vec::new()
+                    };
                     k += 1;
                     let nr = st.reduce.as_ref().map_or(0, |r| r.extents.len());
                     if !cross.is_empty() {
@@ -292,6 +342,14 @@ impl GpuSketch {
                         )));
                     }
                     emit_tiled(&mut steps, s, sp, virt, red, p.unroll);
+                    // At the innermost `R0` loop (loops: B, T, R0 x nr, ...).
+                    for input in staged {
+                        steps.push(Step::SharedRead {
+                            stage: s,
+                            input,
+                            at: 1 + nr,
+                        });
+                    }
                 }
             }
         }
@@ -469,6 +527,7 @@ mod tests {
             vthreads: vec![vec![1, 2]],
             cross_thread: Vec::new(),
             reduce: vec![vec![4]],
+            shared: Vec::new(),
             flat_threads: 0,
             unroll: true,
         };
@@ -538,6 +597,85 @@ mod tests {
     }
 
     #[test]
+    fn shared_staging_copies_the_blocks_boxes_and_computes_the_same() {
+        use crate::loop_ir::Stmt;
+        fn boxes(stmts: &[Stmt], out: &mut Vec<(usize, Vec<usize>)>) {
+            for s in stmts {
+                match s {
+                    Stmt::For { body, .. } | Stmt::If { body, .. } => boxes(body, out),
+                    Stmt::Shared { boxes: b, body } => {
+                        out.extend(b.iter().map(|b| (b.input, b.extents.clone())));
+                        boxes(body, out);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        // GEMM: an 8 x 4 by 32 x 4 block tile, reduce steps of 8: A's box is 32 rows x 8,
+        // B's 8 x 128 columns.
+        let g = w::matmul(1024, 1024, 1024).expect("mm");
+        let sk = GpuSketch::new(&g).expect("sketch");
+        let p = sk.default_params();
+        assert_eq!(p.shared, vec![true]);
+        let program = lower(&g, &sk.to_schedule(&p).expect("lowers")).expect("lowers");
+        let mut found = Vec::new();
+        boxes(&program.nests[0].body, &mut found);
+        assert_eq!(found, vec![(0, vec![32, 8]), (1, vec![8, 128])]);
+        let m = crate::cuda::emit(&program).expect("emits");
+        for want in ["__shared__ float sh0[256];", "__shared__ float sh1[1024];"] {
+            assert!(m.source.contains(want), "{want}\n{}", m.source);
+        }
+        // A padded, strided convolution: the box reaches past the input's edges (zeros there),
+        // and every read inside it is checked by the executor.
+        let g = w::conv2d(1, 4, 9, 9, 8, 3, 3, 2, 1, 1, 1).expect("conv");
+        let sk = GpuSketch::new(&g).expect("sketch");
+        let p = GpuParams {
+            spatial: vec![vec![[1, 1], [2, 2], [1, 1], [5, 1]]],
+            vthreads: Vec::new(),
+            reduce: vec![vec![2, 3, 3]],
+            cross_thread: Vec::new(),
+            shared: vec![true],
+            flat_threads: 0,
+            unroll: true,
+        };
+        let program = lower(&g, &sk.to_schedule(&p).expect("lowers")).expect("lowers");
+        let mut found = Vec::new();
+        boxes(&program.nests.last().expect("nest").body, &mut found);
+        // Filters: 4 output channels x 2 input channels x 3 x 3; input: 1 x 2 channels x
+        // (2 x 1 rows: 1 + 2 + ... = 3) x (5 columns at stride 2, 3 taps: 11).
+        assert_eq!(found, vec![(0, vec![1, 2, 3, 11]), (1, vec![4, 2, 3, 3])]);
+        let x: Vec<f64> = (0..4 * 81).map(|i| (i % 7) as f64 - 3.0).collect();
+        let f: Vec<f64> = (0..8 * 4 * 9).map(|i| (i % 5) as f64 - 2.0).collect();
+        let want = harl_te::interp::run(&g, &[&x, &f]).expect("interpreter");
+        let got = crate::loop_ir::execute(&program, &[&x, &f]).expect("execute");
+        assert_eq!(got, want);
+        let m = crate::cuda::emit(&program).expect("emits");
+        assert!(m.source.contains("g2 >= 0 && g2 < 9"), "{}", m.source);
+        // Too large for a block's shared memory: rejected by lowering, turned off by sampling.
+        // conv2d 56x56 64->64 with 8 x 56 threads and 32 input channels per step: the data
+        // box is 32 x 10 x 58 floats, 74 KB.
+        let g = w::conv2d(1, 64, 56, 56, 64, 3, 3, 1, 1, 1, 1).expect("conv");
+        let sk = GpuSketch::new(&g).expect("sketch");
+        let big = GpuParams {
+            spatial: vec![vec![[1, 1], [1, 8], [8, 1], [56, 1]]],
+            reduce: vec![vec![32, 3, 3]],
+            ..p
+        };
+        let err = sk.to_schedule(&big).expect_err("too much shared memory");
+        assert!(err.to_string().contains("exceed 49152"), "{err}");
+        let small = GpuParams {
+            shared: vec![false],
+            ..big
+        };
+        sk.to_schedule(&small).expect("without staging it lowers");
+        let mut rng = Rng::new(5);
+        for _ in 0..20 {
+            let p = sk.sample(&mut rng);
+            sk.to_schedule(&p).expect("sampled parameters lower");
+        }
+    }
+
+    #[test]
     fn too_many_threads_is_an_error() {
         let g = w::matmul(64, 64, 64).expect("mm");
         let sk = GpuSketch::new(&g).expect("sketch");
@@ -546,6 +684,7 @@ mod tests {
             vthreads: Vec::new(),
             cross_thread: Vec::new(),
             reduce: vec![vec![1]],
+            shared: Vec::new(),
             flat_threads: 0,
             unroll: false,
         };

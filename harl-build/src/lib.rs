@@ -17,6 +17,7 @@ pub mod partition;
 pub mod rng;
 pub mod scan;
 pub mod schedule;
+pub mod shared_read;
 pub mod target;
 #[cfg(feature = "tune")]
 pub mod tune;

@@ -89,6 +89,15 @@ pub enum Stmt {
         /// Value.
         value: Expr,
     },
+    /// GPU: the block's threads copy each box of a graph input into shared memory, then run
+    /// `body`, whose reads of those inputs are served from the copies (every read must fall
+    /// inside its box; the executor checks that it does). Indices in `body` stay global.
+    Shared {
+        /// The staged boxes, one per input.
+        boxes: Vec<SharedBox>,
+        /// The statements that read them.
+        body: Vec<Stmt>,
+    },
     /// `stage[dest] = acc[index]` (or combined with the stored value).
     AccStore {
         /// Flat index into the block.
@@ -100,6 +109,30 @@ pub enum Stmt {
         /// Combine with the stored value (reduce loops outside the block).
         combine: Option<ReduceOp>,
     },
+}
+
+/// The part of a graph input a [`Stmt::Shared`] stages: a box at a block-uniform origin.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SharedBox {
+    /// The graph input.
+    pub input: usize,
+    /// Global index of the box's first element, per dimension; the same for every thread of
+    /// a block (it may lie outside the input, where a padding select reads nothing).
+    pub origin: Vec<Expr>,
+    /// Elements per dimension.
+    pub extents: Vec<usize>,
+}
+
+impl SharedBox {
+    /// Elements in the box.
+    pub fn len(&self) -> usize {
+        self.extents.iter().product()
+    }
+
+    /// Whether the box is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// The loop nest of one root stage.
@@ -149,6 +182,9 @@ pub enum ExecError {
     /// A loaded stage has no buffer.
     #[error("stage {0} was read but has no buffer")]
     NoBuffer(usize),
+    /// A read of a staged input fell outside its shared-memory box.
+    #[error("input {0} was read outside its shared-memory box")]
+    OutsideShared(usize),
 }
 
 /// Runs a program on inputs, returning the output (last stage) buffer.
@@ -168,6 +204,7 @@ pub fn execute(p: &Program, inputs: &[&[f64]]) -> Result<Vec<f64>, ExecError> {
             .collect(),
         vars: vec![0; p.var_extents.len()],
         acc: vec![],
+        shared: vec![],
         cur: 0,
     };
     for nest in &p.nests {
@@ -186,6 +223,8 @@ struct Machine<'a> {
     bufs: Vec<Vec<f64>>,
     vars: Vec<i64>,
     acc: Vec<Vec<f64>>,
+    /// Active shared boxes: input, origin, extents.
+    shared: Vec<(usize, Vec<i64>, Vec<usize>)>,
     cur: usize,
 }
 
@@ -221,6 +260,22 @@ impl Machine<'_> {
                     *slot = round_to(combine.map_or(v, |op| combine_op(op, *slot, v)), dtype);
                 }
                 Stmt::AccDecl { size, init, .. } => self.acc.push(vec![*init; *size]),
+                Stmt::Shared { boxes, body } => {
+                    // Serial threads read global memory directly; what the executor checks is
+                    // that every read lies in its box, i.e. that the copy would have served it.
+                    let depth = self.shared.len();
+                    for b in boxes {
+                        let origin = b
+                            .origin
+                            .iter()
+                            .map(|e| self.int(e))
+                            .collect::<Result<_, _>>()?;
+                        self.shared.push((b.input, origin, b.extents.clone()));
+                    }
+                    let done = self.run(body);
+                    self.shared.truncate(depth);
+                    done?;
+                }
                 Stmt::AccUpdate { index, op, value } => {
                     let v = self.val(value)?;
                     let i = self.int(index)? as usize;
@@ -272,6 +327,20 @@ impl Machine<'_> {
         Ok(flat)
     }
 
+    /// A read of input `input` inside a shared scope of it must fall in the box.
+    fn check_shared(&self, input: usize, idx: &[Expr]) -> Result<(), ExecError> {
+        let Some((_, origin, extents)) = self.shared.iter().rev().find(|b| b.0 == input) else {
+            return Ok(());
+        };
+        for ((e, &o), &n) in idx.iter().zip(origin).zip(extents) {
+            let rel = self.int(e)? - o;
+            if rel < 0 || rel >= n as i64 {
+                return Err(ExecError::OutsideShared(input));
+            }
+        }
+        Ok(())
+    }
+
     fn int(&self, e: &Expr) -> Result<i64, ExecError> {
         Ok(self.val(e)? as i64)
     }
@@ -281,6 +350,9 @@ impl Machine<'_> {
             Expr::Const(v, _) => *v,
             Expr::Axis(v) => self.vars[*v] as f64,
             Expr::Load(t, idx) => {
+                if let TensorRef::Input(i) = t {
+                    self.check_shared(*i, idx)?;
+                }
                 let flat = self.flat(*t, idx)?;
                 match t {
                     TensorRef::Input(i) => self.inputs[*i][flat],

@@ -5,10 +5,11 @@
 //! nests. Splits keep a tree of the parts of each axis so that a split whose factors do not
 //! divide the extent gets a guard on exactly the part it overran.
 
-use crate::loop_ir::{LoopKind, Nest, Program, Stmt};
+use crate::loop_ir::{LoopKind, Nest, Program, SharedBox, Stmt};
 use crate::schedule::{Schedule, Step};
+use crate::shared_read::{bound_vars, footprint, MAX_SHARED_BYTES};
 use harl_te::{Expr, Graph, ReduceOp, TensorRef};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 /// Largest accumulator block (elements) a cache-write step may ask for; keeps it on the stack.
 pub const MAX_ACC_ELEMS: usize = 4096;
@@ -77,6 +78,8 @@ struct StageState {
     loops: Vec<LoopState>,
     cache_write: Option<usize>,
     attach: Attach,
+    /// Inputs staged in shared memory: (input, loop position, step index).
+    shared: Vec<(usize, usize, usize)>,
 }
 
 impl StageState {
@@ -104,6 +107,7 @@ impl StageState {
             loops,
             cache_write: None,
             attach: Attach::Root,
+            shared: Vec::new(),
         }
     }
 
@@ -137,6 +141,11 @@ struct Lowering {
     /// Consumers attached at (target, loop position).
     attached: HashMap<(usize, usize), Vec<usize>>,
     var_extents: Vec<usize>,
+    /// While emitting a nest: the thread loop's variable and its parts (they vary across the
+    /// threads of a block, which shared staging must know).
+    thread_vars: Vec<usize>,
+    /// While emitting a nest: the bytes of its shared boxes so far.
+    shared_bytes: usize,
 }
 
 /// Whether `order` lists each of `0..n` exactly once.
@@ -161,6 +170,8 @@ pub fn lower(graph: &Graph, schedule: &Schedule) -> Result<Program, ScheduleErro
         stages,
         attached: HashMap::new(),
         var_extents: vec![],
+        thread_vars: vec![],
+        shared_bytes: 0,
     };
     for (index, step) in schedule.steps.iter().enumerate() {
         lw.apply(index, step).map_err(|why| ScheduleError::Step {
@@ -175,7 +186,11 @@ pub fn lower(graph: &Graph, schedule: &Schedule) -> Result<Program, ScheduleErro
             step: schedule.steps[index].clone(),
             why,
         })?;
-    let mut program = lw.emit();
+    let mut program = lw.emit().map_err(|(index, why)| ScheduleError::Step {
+        index,
+        step: schedule.steps[index].clone(),
+        why,
+    })?;
     crate::partition::partition_program(&mut program);
     program.workload_key = graph.workload_key();
     Ok(program)
@@ -225,8 +240,8 @@ impl Lowering {
                 if !is_permutation(order, n) {
                     return Err(format!("{order:?} is not a permutation of {n} loops"));
                 }
-                if st.cache_write.is_some() {
-                    return Err("reorder after cache_write".into());
+                if st.cache_write.is_some() || !st.shared.is_empty() {
+                    return Err("reorder after cache_write or shared_read".into());
                 }
                 st.loops = order.iter().map(|&o| st.loops[o].clone()).collect();
                 Ok(())
@@ -242,8 +257,8 @@ impl Lowering {
                 if st.loops[*at].reduce != st.loops[*at + 1].reduce {
                     return Err("cannot fuse a spatial loop with a reduce loop".into());
                 }
-                if st.cache_write.is_some() {
-                    return Err("fuse after cache_write".into());
+                if st.cache_write.is_some() || !st.shared.is_empty() {
+                    return Err("fuse after cache_write or shared_read".into());
                 }
                 let inner = st.loops.remove(*at + 1);
                 st.loops[*at].parts.extend(inner.parts);
@@ -318,6 +333,27 @@ impl Lowering {
                 self.stages[*stage].loops[0].kind = LoopKind::Parallel;
                 Ok(())
             }
+            Step::SharedRead { stage, input, at } => {
+                self.check_loop(*stage, *at)?;
+                let st = &self.stages[*stage];
+                if *at < 2 || st.loops[1].kind != LoopKind::GpuThread {
+                    return Err(
+                        "shared_read stages at a loop inside a bound (spatial) thread loop".into(),
+                    );
+                }
+                if *input >= self.graph.inputs.len() {
+                    return Err(format!("input {input} does not exist"));
+                }
+                if st.shared.iter().any(|&(i, _, _)| i == *input) {
+                    return Err(format!("input {input} is staged twice"));
+                }
+                if st.nodes.iter().any(|n| n.overrun) {
+                    // A remainder guard could keep some threads from the block's barriers.
+                    return Err("shared_read needs splits that divide their extents".into());
+                }
+                self.stages[*stage].shared.push((*input, *at, index));
+                Ok(())
+            }
             Step::BindBlock { stage, at } => {
                 self.check_loop(*stage, *at)?;
                 let st = &self.stages[*stage];
@@ -386,8 +422,8 @@ impl Lowering {
 
     fn split(&mut self, s: usize, at: usize, factors: &[usize]) -> Result<(), String> {
         let st = &mut self.stages[s];
-        if st.cache_write.is_some() {
-            return Err("split after cache_write".into());
+        if st.cache_write.is_some() || !st.shared.is_empty() {
+            return Err("split after cache_write or shared_read".into());
         }
         if factors.is_empty() || factors.contains(&0) {
             return Err("split factors must be non-empty and positive".into());
@@ -658,7 +694,7 @@ impl Lowering {
         self.var_extents.len() - 1
     }
 
-    fn emit(mut self) -> Program {
+    fn emit(mut self) -> Result<Program, (usize, String)> {
         let mut nests = Vec::new();
         for s in 0..self.graph.stages.len() {
             if self.stages[s].attach != Attach::Root {
@@ -676,7 +712,8 @@ impl Lowering {
                 .filter(|_| reduce_outside_acc)
                 .map(|r| r.op.identity(stage.dtype));
             let mut env = HashMap::new();
-            let body = self.emit_loops(s, 0, &mut env, &mut Vec::new());
+            self.shared_bytes = 0;
+            let body = self.emit_loops(s, 0, &mut env, &mut Vec::new())?;
             nests.push(Nest {
                 stage: s,
                 fill,
@@ -688,13 +725,13 @@ impl Lowering {
             .iter()
             .map(|st| st.attach != Attach::Inline)
             .collect();
-        Program {
+        Ok(Program {
             workload_key: String::new(),
             graph: self.graph,
             nests,
             var_extents: self.var_extents,
             has_buffer: buffers,
-        }
+        })
     }
 
     /// Emits loops `pos..` of stage `s`; `env` maps split-tree leaves to loop variables.
@@ -704,22 +741,28 @@ impl Lowering {
         pos: usize,
         env: &mut HashMap<NodeId, usize>,
         acc: &mut Vec<(usize, usize)>,
-    ) -> Vec<Stmt> {
+    ) -> Result<Vec<Stmt>, (usize, String)> {
         let n_loops = self.stages[s].loops.len();
         if pos == n_loops {
-            return vec![self.innermost(s, env, acc)];
+            return Ok(vec![self.innermost(s, env, acc)]);
         }
         let lp = self.stages[s].loops[pos].clone();
         let extent = self.stages[s].loop_extent(&lp);
         let var = self.new_var(extent);
         let mut body = self.bind_parts(s, &lp, var, env);
+        if lp.kind == LoopKind::GpuThread {
+            self.thread_vars = std::iter::once(var)
+                .chain(lp.parts.iter().filter_map(|p| env.get(p).copied()))
+                .collect();
+        }
         if !lp.reduce && self.stages[s].cache_write.is_some_and(|p| pos > p) {
             acc.push((var, extent));
         }
-        let mut inner = self.emit_loops(s, pos + 1, env, acc);
+        let mut inner = self.emit_loops(s, pos + 1, env, acc)?;
         if !lp.reduce && self.stages[s].cache_write.is_some_and(|p| pos > p) {
             acc.pop();
         }
+        inner = self.stage_shared(s, pos, inner)?;
         if self.stages[s].cache_write == Some(pos) {
             inner = self.wrap_acc(s, pos, env, inner);
         }
@@ -732,12 +775,52 @@ impl Lowering {
         for &p in &lp.parts {
             env.remove(&p);
         }
-        vec![Stmt::For {
+        Ok(vec![Stmt::For {
             var,
             extent,
             kind: lp.kind,
             body,
-        }]
+        }])
+    }
+
+    /// Wraps the body of loop `pos` of stage `s` in the shared-memory copies staged there.
+    fn stage_shared(
+        &mut self,
+        s: usize,
+        pos: usize,
+        inner: Vec<Stmt>,
+    ) -> Result<Vec<Stmt>, (usize, String)> {
+        let staged: Vec<(usize, usize)> = self.stages[s]
+            .shared
+            .iter()
+            .filter(|&&(_, at, _)| at == pos)
+            .map(|&(input, _, step)| (input, step))
+            .collect();
+        if staged.is_empty() {
+            return Ok(inner);
+        }
+        let mut varying: HashSet<usize> = self.thread_vars.iter().copied().collect();
+        bound_vars(&inner, &mut varying);
+        let mut boxes = Vec::new();
+        for &(input, step) in &staged {
+            let b: SharedBox =
+                footprint(&inner, input, &varying, &self.var_extents).map_err(|e| (step, e))?;
+            boxes.push(b);
+        }
+        let elem = |b: &SharedBox| match self.graph.inputs[b.input].dtype {
+            harl_te::DType::F64 => 8,
+            _ => 4,
+        };
+        // Boxes staged at different loops of the nest are live together.
+        self.shared_bytes += boxes.iter().map(|b| b.len() * elem(b)).sum::<usize>();
+        let bytes = self.shared_bytes;
+        if bytes > MAX_SHARED_BYTES {
+            return Err((
+                staged[0].1,
+                format!("shared boxes of {bytes} bytes exceed {MAX_SHARED_BYTES}"),
+            ));
+        }
+        Ok(vec![Stmt::Shared { boxes, body: inner }])
     }
 
     /// Binds the parts of a (possibly fused) loop to variables.

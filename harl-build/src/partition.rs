@@ -55,6 +55,10 @@ fn partition_stmts(stmts: Vec<Stmt>, vars: &mut Vec<usize>) -> Vec<Stmt> {
                 cond,
                 body: partition_stmts(body, vars),
             }),
+            Stmt::Shared { boxes, body } => out.push(Stmt::Shared {
+                boxes,
+                body: partition_stmts(body, vars),
+            }),
             other => out.push(other),
         }
     }
@@ -120,10 +124,12 @@ fn partition_loop(
 
 /// Whether an unrolled loop is inside: copying it three times would triple code the compiler
 /// already expands (a transposed convolution's unrolled reduction took minutes to compile).
+/// A shared-memory copy counts too: each copy of it would claim its own shared memory.
 fn has_unrolled(stmts: &[Stmt]) -> bool {
     stmts.iter().any(|s| match s {
         Stmt::For { kind, body, .. } => *kind == LoopKind::Unrolled || has_unrolled(body),
         Stmt::If { body, .. } => has_unrolled(body),
+        Stmt::Shared { .. } => true,
         _ => false,
     })
 }
@@ -132,7 +138,9 @@ fn count_stmts(stmts: &[Stmt]) -> usize {
     stmts
         .iter()
         .map(|s| match s {
-            Stmt::For { body, .. } | Stmt::If { body, .. } => 1 + count_stmts(body),
+            Stmt::For { body, .. } | Stmt::If { body, .. } | Stmt::Shared { body, .. } => {
+                1 + count_stmts(body)
+            }
             _ => 1,
         })
         .sum()
@@ -167,6 +175,7 @@ fn collect_tests(s: &Stmt, out: &mut Vec<Expr>) {
             from_expr(index, out);
             dest.iter().for_each(|e| from_expr(e, out));
         }
+        Stmt::Shared { body, .. } => body.iter().for_each(|b| collect_tests(b, out)),
         Stmt::AccDecl { .. } => {}
     }
 }
@@ -300,6 +309,17 @@ fn copy_stmts(body: &[Stmt], map: &mut Vec<(usize, Expr)>, vars: &mut Vec<usize>
                 index: index.iter().map(|e| subst(e, map)).collect(),
                 value: subst(value, map),
                 combine: *combine,
+            },
+            Stmt::Shared { boxes, body } => Stmt::Shared {
+                boxes: boxes
+                    .iter()
+                    .map(|b| crate::loop_ir::SharedBox {
+                        input: b.input,
+                        origin: b.origin.iter().map(|e| subst(e, map)).collect(),
+                        extents: b.extents.clone(),
+                    })
+                    .collect(),
+                body: copy_stmts(body, map, vars),
             },
             Stmt::AccDecl { size, dtype, init } => Stmt::AccDecl {
                 size: *size,

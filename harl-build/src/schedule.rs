@@ -105,6 +105,19 @@ pub enum Step {
         /// Loop position.
         at: usize,
     },
+    /// GPU: stages what the block reads of graph input `input` (as `stage` reads it, after
+    /// inlining) in shared memory at the top of every iteration of loop `at`, a loop inside the
+    /// thread loop: the threads copy the box the block's loops inside `at` touch, cooperatively
+    /// and coalesced, then read it from shared memory (Ansor's cache read for GPUs). The box is
+    /// inferred from the (affine) indices and checked against the shared memory of a block.
+    SharedRead {
+        /// Stage index.
+        stage: usize,
+        /// Index of the graph input staged.
+        input: usize,
+        /// Loop position (2 or more, inside the thread loop).
+        at: usize,
+    },
     /// GPU: binds loop `at` (the outermost of a root stage, spatial) to the thread blocks.
     BindBlock {
         /// Stage index.

@@ -80,7 +80,7 @@ macro_rules! program_names {
             "n_nests", "n_leaf_stmts", "n_loops", "max_depth", "n_lets", "n_guards",
             "guarded_work_frac", "parallel_work_frac", "vector_work_frac", "unrolled_work_frac",
             "n_parallel_loops", "log_max_acc_block", "log_acc_decl_execs", "log_acc_init_elems",
-            "log_fill_elems",
+            "log_fill_elems", "log_shared_elems",
         )
     };
 }
@@ -319,6 +319,8 @@ struct Totals {
     acc_decl_execs: f64,
     acc_init_elems: f64,
     fill_elems: f64,
+    /// Elements copied to shared memory (GPU staging), over all executions.
+    shared_elems: f64,
 }
 
 /// A buffer an access goes to.
@@ -487,6 +489,12 @@ impl<'a> Walker<'a> {
                     self.guards += 1;
                     self.walk(body);
                     self.guards -= 1;
+                }
+                Stmt::Shared { boxes, body } => {
+                    let execs = self.trip();
+                    let elems: usize = boxes.iter().map(|b| b.len()).sum();
+                    self.t.shared_elems += execs * elems as f64;
+                    self.walk(body);
                 }
                 Stmt::AccDecl { size, .. } => {
                     let execs = self.trip();
@@ -763,6 +771,7 @@ impl<'a> Walker<'a> {
             lg(t.acc_decl_execs),
             lg(t.acc_init_elems),
             lg(t.fill_elems),
+            lg(t.shared_elems),
         ];
         v.extend_from_slice(&program);
         // The heaviest statements, heaviest first (stable: program order on ties).
