@@ -5,25 +5,20 @@
 //! harl-bench gpu --workload W --trials N --seed K --out DIR [--batch B] [--record CACHE_DIR]
 //! ```
 //!
-//! The search is the cost-model-guided sampler of the GPU sketch: each round samples 512 GPU
-//! schedules, ranks them with the XGBoost model trained on every measured one, and measures the
-//! best `B` (a quarter of them random, for exploration); the default GPU schedule is measured
-//! first. (HARL and the evolutionary search work on the CPU sketch's parameters; moving them to
-//! the GPU sketch is the next step.) Writes `DIR/summary.json` and `DIR/curve.csv` like `tune`.
+//! The search is [`harl_build::tune::gpu_search`] (the one `build.rs` runs): each round ranks
+//! 512 samples and mutations of the best measured schedules with the XGBoost model and measures
+//! the best `B` (a quarter of them random); the default GPU schedule is measured first. (HARL's
+//! parameter agent works on the CPU sketch's parameters; moving it to the GPU sketch is the
+//! next step.) Writes `DIR/summary.json` and `DIR/curve.csv` like `tune`.
 //! On a machine without a GPU, CUDA driver or NVRTC it fails with the reason.
 
 use crate::suite;
 use crate::Error;
-use harl_build::gpu_sketch::{GpuParams, GpuSketch};
-use harl_build::lower::lower;
-use harl_build::rng::Rng;
-use harl_build::tune::cost_model::{CostModel, XgbModel};
-use harl_build::tune::features;
+use harl_build::gpu_sketch::GpuSketch;
 use harl_build::tune::gpu_measure::{GpuMeasureConfig, GpuMeasurer};
+use harl_build::tune::gpu_search::{self, GpuSearchOptions};
 use serde_json::json;
-use std::collections::HashSet;
 use std::path::PathBuf;
-use std::time::Instant;
 
 /// Options of `gpu`.
 #[derive(Debug, Clone)]
@@ -71,9 +66,6 @@ pub fn parse(args: &[String]) -> Result<Options, Error> {
     Ok(o)
 }
 
-/// Samples per round before the model picks.
-const POOL: usize = 512;
-
 /// Runs the GPU tuning job.
 pub fn run(o: &Options) -> Result<(), Error> {
     let workload = suite::resolve(&o.workload)?;
@@ -89,94 +81,35 @@ pub fn run(o: &Options) -> Result<(), Error> {
         "{}: tuning on {device} (compute capability {}.{})",
         workload.name, cc.0, cc.1
     );
-    let mut rng = Rng::new(o.seed);
-    let mut model = XgbModel::with_seed(o.seed);
-    let mut seen: HashSet<GpuParams> = HashSet::new();
-    let mut rows: Vec<(Vec<f32>, Option<f64>)> = Vec::new();
-    let mut best: Option<(f64, GpuParams)> = None;
-    let mut default_latency = None;
-    let mut curve = String::from("trial,best_latency_s,elapsed_s\n");
-    let start = Instant::now();
-    let candidate = |p: &GpuParams| -> Option<(harl_build::schedule::Schedule, Vec<f32>)> {
-        let s = sketch.to_schedule(p).ok()?;
-        let f = features::extract(&lower(&graph, &s).ok()?);
-        Some((s, f))
+    let options = GpuSearchOptions {
+        trials: o.trials,
+        batch: o.batch,
+        seed: o.seed,
     };
-    let default_params = sketch.default_params();
-    let mut first = true;
-    while rows.len() < o.trials {
-        let want = o.batch.min(o.trials - rows.len());
-        let mut picks: Vec<GpuParams> = Vec::new();
-        if first {
-            picks.push(default_params.clone());
+    let mut trial = 0;
+    let result = gpu_search::search(&sketch, &options, &mut |schedule| {
+        trial += 1;
+        let r = m.measure_one(&graph, schedule);
+        if let Err(e) = &r {
+            eprintln!("  trial {trial}: {e}");
         }
-        let mut pool: Vec<(GpuParams, Vec<f32>)> = Vec::new();
-        for _ in 0..POOL {
-            let p = sketch.sample(&mut rng);
-            if seen.contains(&p) || picks.contains(&p) || pool.iter().any(|(q, _)| *q == p) {
-                continue;
-            }
-            if let Some((_, f)) = candidate(&p) {
-                pool.push((p, f));
-            }
-        }
-        let feats: Vec<Vec<f32>> = pool.iter().map(|(_, f)| f.clone()).collect();
-        let scores = model
-            .predict(&feats)
-            .unwrap_or_else(|_| vec![0.0; pool.len()]);
-        let mut order: Vec<usize> = (0..pool.len()).collect();
-        order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
-        let n_random = want / 4;
-        for &i in order
-            .iter()
-            .take(want.saturating_sub(picks.len() + n_random))
-        {
-            picks.push(pool[i].0.clone());
-        }
-        while picks.len() < want && !pool.is_empty() {
-            let (p, _) = pool.swap_remove(rng.below(pool.len()));
-            if !picks.contains(&p) {
-                picks.push(p);
-            }
-        }
-        if picks.is_empty() {
-            break;
-        }
-        for p in picks {
-            seen.insert(p.clone());
-            let Some((schedule, f)) = candidate(&p) else {
-                continue;
-            };
-            let result = m.measure_one(&graph, &schedule);
-            if let Err(e) = &result {
-                eprintln!("  trial {}: {e}", rows.len() + 1);
-            }
-            let latency = result.ok();
-            if first && p == default_params {
-                default_latency = latency;
-            }
-            if let Some(l) = latency {
-                if best.as_ref().is_none_or(|(b, _)| l < *b) {
-                    best = Some((l, p.clone()));
-                }
-            }
-            rows.push((f, latency));
-            if let Some((b, _)) = &best {
-                curve.push_str(&format!(
-                    "{},{b:e},{:.3}\n",
-                    rows.len(),
-                    start.elapsed().as_secs_f64()
-                ));
-            }
-        }
-        first = false;
-        if let Some((b, _)) = &best {
-            let xs: Vec<Vec<f32>> = rows.iter().map(|(f, _)| f.clone()).collect();
-            let ys: Vec<f64> = rows.iter().map(|(_, l)| l.map_or(0.0, |l| b / l)).collect();
-            let _ = model.train(&xs, &ys, &vec![0; xs.len()]);
+        r
+    });
+    let mut curve = String::from("trial,best_latency_s,elapsed_s\n");
+    for (i, (b, t)) in result.curve().iter().zip(&result.trials).enumerate() {
+        if let Some(b) = b {
+            curve.push_str(&format!("{},{b:e},{:.3}\n", i + 1, t.elapsed_s));
         }
     }
-    let wall = start.elapsed().as_secs_f64();
+    let best = result.best.as_ref().map(|(l, p, _)| (*l, p.clone()));
+    let default_latency = result.default_latency_s;
+    let n_trials = result.trials.len();
+    let failed = result
+        .trials
+        .iter()
+        .filter(|t| t.latency_s.is_none())
+        .count();
+    let wall = result.wall_s;
     let peer = match suite::gemm_shape(&workload.spec) {
         Some((mm, k, n)) => Some(cublas_gflops(&m, mm, k, n)?),
         None => None,
@@ -187,14 +120,14 @@ pub fn run(o: &Options) -> Result<(), Error> {
         "workload": workload.name,
         "device": device,
         "compute_capability": format!("{}.{}", cc.0, cc.1),
-        "trials": rows.len(),
-        "failed_trials": rows.iter().filter(|(_, l)| l.is_none()).count(),
+        "trials": n_trials,
+        "failed_trials": failed,
         "seed": o.seed,
         "best_latency_s": best_latency,
         "gflops": gf(best_latency),
         "default_gflops": gf(default_latency),
         "tune_wall_s": wall,
-        "trials_per_s": rows.len() as f64 / wall.max(1e-9),
+        "trials_per_s": n_trials as f64 / wall.max(1e-9),
         "peer": if peer.is_some() { "cublas" } else { "none" },
         "peer_gflops": peer,
         "best_params": best.as_ref().map(|(_, p)| serde_json::to_value(p).unwrap_or_default()),
@@ -213,7 +146,7 @@ pub fn run(o: &Options) -> Result<(), Error> {
             m.fingerprint(),
             schedule,
             *latency,
-            rows.len() as u64,
+            n_trials as u64,
         );
         let path = harl_build::cache::TuningCache::new(dir).append(&record)?;
         println!("recorded in {}", path.display());
@@ -221,7 +154,7 @@ pub fn run(o: &Options) -> Result<(), Error> {
     println!(
         "{} [gpu] {} trials in {wall:.1} s: best {} GFLOP/s, default {} GFLOP/s, cuBLAS {} GFLOP/s",
         workload.name,
-        rows.len(),
+        n_trials,
         gf(best_latency).map_or("-".into(), |g| format!("{g:.0}")),
         gf(default_latency).map_or("-".into(), |g| format!("{g:.0}")),
         peer.map_or("-".into(), |g| format!("{g:.0}")),

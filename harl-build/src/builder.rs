@@ -270,6 +270,7 @@ impl Builder {
                 "HARL_SEED",
                 "HARL_STRATEGY",
                 "HARL_TUNE_SECONDS",
+                "HARL_GPU_TRIALS",
             ] {
                 println!("cargo:rerun-if-env-changed={var}");
             }
@@ -423,6 +424,9 @@ impl Builder {
         };
         let mut code = emit_module(graph, &variants, &meta);
         if self.cuda {
+            if env.mode == TuneMode::On {
+                self.tune_gpu_kernel(name, graph, env, warn);
+            }
             let tuned = if env.mode == TuneMode::Off {
                 Vec::new()
             } else {
@@ -559,6 +563,94 @@ impl Builder {
         _: &mut dyn FnMut(String),
     ) -> Option<(Schedule, ScheduleSource)> {
         None
+    }
+
+    /// Tunes one kernel's GPU schedule on this machine's GPU (device 0) when it has one and
+    /// the cache has no record for exactly this device: [`crate::tune::gpu_search`] with
+    /// `HARL_GPU_TRIALS` trials (default 64) and `HARL_SEED`, the winner (never slower than the
+    /// default GPU schedule, which is measured first) appended to `cuda-sm_XY.jsonl`, where
+    /// [`gpu_records`] then finds it. Without a GPU, driver or NVRTC it says so and the
+    /// kernel ships the cache's or the default schedule.
+    #[cfg(all(feature = "tune", feature = "cuda"))]
+    fn tune_gpu_kernel(
+        &self,
+        name: &str,
+        graph: &Graph,
+        env: &BuildEnv,
+        warn: &mut dyn FnMut(String),
+    ) {
+        use crate::cache::Record;
+        use crate::tune::gpu_measure::{GpuMeasureConfig, GpuMeasurer};
+        use crate::tune::gpu_search::{search, GpuSearchOptions};
+        let var = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
+        let seed = var("HARL_SEED").unwrap_or(0);
+        let trials = var("HARL_GPU_TRIALS").unwrap_or(64) as usize;
+        let Some(sketch) = crate::gpu_sketch::GpuSketch::new(graph) else {
+            return;
+        };
+        let mut m = match GpuMeasurer::new(GpuMeasureConfig {
+            seed,
+            ..GpuMeasureConfig::default()
+        }) {
+            Ok(m) => m,
+            Err(e) => {
+                warn(format!(
+                    "kernel `{name}`: not tuning its GPU schedule ({e}); it ships the cached or default GPU schedule"
+                ));
+                return;
+            }
+        };
+        let fingerprint = m.fingerprint();
+        let key = graph.workload_key();
+        let cache = TuningCache::new(&env.cache_dir);
+        let lookup = cache.lookup(&key, &fingerprint, |r| {
+            lower(graph, &r.schedule)
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        });
+        if lookup.source == LookupSource::Exact {
+            return;
+        }
+        let options = GpuSearchOptions {
+            trials,
+            batch: 16,
+            seed,
+        };
+        let result = search(&sketch, &options, &mut |s| m.measure_one(graph, s));
+        let Some((latency, _, schedule)) = result.best.clone() else {
+            warn(format!(
+                "kernel `{name}`: every GPU trial failed while tuning; it ships the default GPU schedule"
+            ));
+            return;
+        };
+        let record = Record::new(
+            key,
+            name,
+            fingerprint,
+            schedule,
+            latency,
+            result.trials.len() as u64,
+        );
+        match cache.append(&record) {
+            Ok(path) => warn(format!(
+                "tuned `{name}` on the GPU: {} trials in {:.0} s, best {:.4} ms (default GPU schedule {}); recorded in {} (commit it so your users get this kernel without tuning)",
+                result.trials.len(),
+                result.wall_s,
+                latency * 1e3,
+                result
+                    .default_latency_s
+                    .map_or("failed".into(), |d| format!("{:.4} ms", d * 1e3)),
+                path.display()
+            )),
+            Err(e) => warn(format!("tuned `{name}` on the GPU but could not record it: {e}")),
+        }
+    }
+
+    #[cfg(not(all(feature = "tune", feature = "cuda")))]
+    fn tune_gpu_kernel(&self, name: &str, _: &Graph, _: &BuildEnv, warn: &mut dyn FnMut(String)) {
+        warn(format!(
+            "kernel `{name}`: not tuning its GPU schedule: harl-build needs its `tune` and `cuda` features for that"
+        ));
     }
 
     /// The best valid cache record for one ISA class, if tuning records are in use.

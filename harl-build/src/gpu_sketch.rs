@@ -179,6 +179,62 @@ impl GpuSketch {
         self.fit_shared(p)
     }
 
+    /// `p` with one component taken from a fresh sample (the evolutionary search's mutation):
+    /// one spatial axis's threads, tile and virtual threads, one stage's reduce splits, its
+    /// cross-thread plan or its staging, the flat threads, or the unroll. Returns `p` itself
+    /// when the mutant does not lower.
+    pub fn mutate(&self, p: &GpuParams, rng: &mut Rng) -> GpuParams {
+        let q = self.sample(rng);
+        let mut m = p.clone();
+        let n = q.spatial.len();
+        let pick = rng.below(2 + 4 * n.max(1));
+        if n == 0 || pick < 2 {
+            if pick == 0 {
+                m.flat_threads = q.flat_threads;
+            } else {
+                m.unroll = q.unroll;
+            }
+        } else {
+            let k = (pick - 2) / 4;
+            match (pick - 2) % 4 {
+                0 => {
+                    let axes = q.spatial[k].len();
+                    if axes > 0 && m.spatial.get(k).is_some_and(|a| a.len() == axes) {
+                        let a = rng.below(axes);
+                        m.spatial[k][a] = q.spatial[k][a];
+                        if m.vthreads.len() != n {
+                            m.vthreads = q.spatial.iter().map(|s| vec![1; s.len()]).collect();
+                        }
+                        m.vthreads[k][a] = q
+                            .vthreads
+                            .get(k)
+                            .and_then(|v| v.get(a))
+                            .copied()
+                            .unwrap_or(1);
+                    }
+                }
+                1 => m.reduce[k] = q.reduce[k].clone(),
+                2 => {
+                    if m.cross_thread.len() != n {
+                        m.cross_thread = vec![Vec::new(); n];
+                    }
+                    m.cross_thread[k] = q.cross_thread.get(k).cloned().unwrap_or_default();
+                }
+                _ => {
+                    if m.shared.len() != n {
+                        m.shared = vec![false; n];
+                    }
+                    m.shared[k] = !m.shared[k];
+                }
+            }
+        }
+        if self.to_schedule(&m).is_ok() {
+            m
+        } else {
+            p.clone()
+        }
+    }
+
     /// `p`, without shared staging if its boxes do not fit a block's shared memory (the one
     /// constraint construction does not ensure).
     fn fit_shared(&self, mut p: GpuParams) -> GpuParams {

@@ -9,6 +9,7 @@ pub mod cost_model;
 pub mod features;
 #[cfg(feature = "cuda")]
 pub mod gpu_measure;
+pub mod gpu_search;
 pub mod harl;
 pub mod measure;
 pub mod ppo;
