@@ -20,3 +20,6 @@ for w in gemm_1024 conv2d_56; do
   target/release/harl-bench gpu --workload "$w" --trials "$trials" --seed 0 --out "$out/$w" \
     2>&1 | tee "$out/$w.log"
 done
+# The GPU example on a real device: its default PTX launched through cudarc, checked against
+# the CPU kernel.
+cargo run --release --manifest-path examples/gpu/Cargo.toml 2>&1 | tee "$out/example.log"
