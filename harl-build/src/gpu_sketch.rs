@@ -19,12 +19,15 @@
 //!   loops to blocks and a share of each reduce axis to threads, `B T R..`: each thread
 //!   accumulates a partial result in a register and the block combines the partials in shared
 //!   memory (see [`crate::loop_ir::LoopKind::GpuThreadReduce`]);
+//! - an elementwise output over the shape of the last tiled stage (a bias and activation after a
+//!   GEMM or convolution) is that stage's epilogue: each thread computes it over its own
+//!   register tile right after the write-back, in the same kernel;
 //! - every other stage (elementwise, and the output of an elementwise chain) is a flat nest: all
 //!   spatial loops fused, split by the threads per block, bound to blocks and threads.
 //!
-//! Each stage runs as its own kernel; an elementwise consumer of a reduction is not fused as an
-//! epilogue yet. The constraints a GPU imposes (threads per block, registers) are checked by
-//! construction and by lowering, before a candidate costs a trial.
+//! Each other stage runs as its own kernel. The constraints a GPU imposes (threads per block,
+//! shared memory, register tile) are checked by construction and by lowering, before a
+//! candidate costs a trial.
 
 use crate::lower::{lower, ScheduleError, MAX_ACC_ELEMS, MAX_GPU_THREADS};
 use crate::rng::Rng;
@@ -73,6 +76,10 @@ enum GpuPlan {
     Inline,
     Tiled,
     Flat,
+    /// The output, elementwise over the tiled stage given: computed by each thread over its
+    /// own register tile right after writing it back (one kernel instead of two), or a flat
+    /// nest when that stage is a cross-thread reduction (only thread 0 holds its results).
+    Epilogue(usize),
 }
 
 /// The GPU sketch of a graph.
@@ -97,10 +104,36 @@ impl GpuSketch {
                 (false, false) => GpuPlan::Flat,
             })
             .collect();
-        Some(GpuSketch {
+        let mut sketch = GpuSketch {
             graph: graph.clone(),
             plans,
-        })
+        };
+        sketch.fuse_epilogue();
+        Some(sketch)
+    }
+
+    /// Makes the output an epilogue of the last tiled stage when it is elementwise over the
+    /// same shape, and keeps it so only if the default schedule then lowers (the output must
+    /// read that stage at its own index, which lowering checks).
+    fn fuse_epilogue(&mut self) {
+        let Some(last) = self.plans.len().checked_sub(1) else {
+            return;
+        };
+        if self.plans[last] != GpuPlan::Flat {
+            return;
+        }
+        let Some(t) = (0..last).rev().find(|&t| self.plans[t] == GpuPlan::Tiled) else {
+            return;
+        };
+        if self.graph.stages[t].shape != self.graph.stages[last].shape {
+            return;
+        }
+        self.plans[last] = GpuPlan::Epilogue(t);
+        let mut p = self.default_params();
+        p.shared.iter_mut().for_each(|b| *b = false);
+        if self.to_schedule(&p).is_err() {
+            self.plans[last] = GpuPlan::Flat;
+        }
     }
 
     /// The graph it schedules.
@@ -360,6 +393,19 @@ impl GpuSketch {
             match plan {
                 GpuPlan::Inline => {}
                 GpuPlan::Flat => emit_flat(&mut steps, s, &st.shape, flat_threads),
+                GpuPlan::Epilogue(t) => {
+                    let k_t = self.tiled_stages().position(|x| x == *t).unwrap_or(0);
+                    if p.cross_thread.get(k_t).is_some_and(|c| !c.is_empty()) {
+                        emit_flat(&mut steps, s, &st.shape, flat_threads);
+                    } else {
+                        // The thread loop of the tiled plan, where its accumulators are.
+                        steps.push(Step::ComputeAt {
+                            stage: s,
+                            target: *t,
+                            at: 1,
+                        });
+                    }
+                }
                 GpuPlan::Tiled => {
                     let (sp, red) = (&p.spatial[k], &p.reduce[k]);
                     let ones = vec![1; sp.len()];
@@ -729,6 +775,39 @@ mod tests {
             let p = sk.sample(&mut rng);
             sk.to_schedule(&p).expect("sampled parameters lower");
         }
+    }
+
+    #[test]
+    fn an_elementwise_output_is_the_tiled_stages_epilogue() {
+        let g = w::dense_bias_relu(16, 32, 24).expect("dense");
+        let sk = GpuSketch::new(&g).expect("sketch");
+        let p = sk.default_params();
+        let s = sk.to_schedule(&p).expect("lowers");
+        assert!(s
+            .steps
+            .iter()
+            .any(|st| matches!(st, Step::ComputeAt { at: 1, .. })));
+        let program = lower(&g, &s).expect("lowers");
+        let m = crate::cuda::emit(&program).expect("emits");
+        assert_eq!(m.launches.len(), 1, "{:?}", m.launches);
+        let a: Vec<f64> = (0..16 * 32).map(|i| (i % 7) as f64 - 3.0).collect();
+        let b: Vec<f64> = (0..32 * 24).map(|i| (i % 5) as f64 * 0.5 - 1.0).collect();
+        let bias: Vec<f64> = (0..24).map(|i| i as f64 - 12.0).collect();
+        let want = harl_te::interp::run(&g, &[&a, &b, &bias]).expect("interpreter");
+        let got = crate::loop_ir::execute(&program, &[&a, &b, &bias]).expect("execute");
+        assert_eq!(got, want);
+        // Over a cross-thread reduction the output is a kernel of its own.
+        let p = GpuParams {
+            cross_thread: vec![vec![32]],
+            ..p
+        };
+        let program = lower(&g, &sk.to_schedule(&p).expect("lowers")).expect("lowers");
+        assert_eq!(
+            crate::cuda::emit(&program).expect("emits").launches.len(),
+            3
+        );
+        let got = crate::loop_ir::execute(&program, &[&a, &b, &bias]).expect("execute");
+        assert_eq!(got, want);
     }
 
     #[test]
