@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! harl-bench gpu --workload W --trials N --seed K --out DIR [--batch B] [--record CACHE_DIR]
+//!                [--strategy sampling|harl]
 //! ```
 //!
 //! The search is [`harl_build::tune::gpu_search`] (the one `build.rs` runs): each round ranks
@@ -16,7 +17,7 @@ use crate::suite;
 use crate::Error;
 use harl_build::gpu_sketch::GpuSketch;
 use harl_build::tune::gpu_measure::{GpuMeasureConfig, GpuMeasurer};
-use harl_build::tune::gpu_search::{self, GpuSearchOptions};
+use harl_build::tune::gpu_search::{self, GpuSearchOptions, GpuStrategy};
 use serde_json::json;
 use std::path::PathBuf;
 
@@ -35,6 +36,8 @@ pub struct Options {
     pub out: PathBuf,
     /// Append the best schedule to this tuning cache (`cuda-sm_XY.jsonl`).
     pub record: Option<PathBuf>,
+    /// `harl` (HARL's agent on the GPU sketch) or `sampling` (the default).
+    pub strategy: GpuStrategy,
 }
 
 /// Parses `--key value` options of `gpu`.
@@ -46,6 +49,7 @@ pub fn parse(args: &[String]) -> Result<Options, Error> {
         batch: 32,
         out: PathBuf::from("gpu-out"),
         record: None,
+        strategy: GpuStrategy::Sampling,
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -57,6 +61,13 @@ pub fn parse(args: &[String]) -> Result<Options, Error> {
             "--batch" => o.batch = value.parse()?,
             "--out" => o.out = value.into(),
             "--record" => o.record = Some(value.into()),
+            "--strategy" => {
+                o.strategy = match value.as_str() {
+                    "harl" => GpuStrategy::Harl,
+                    "sampling" => GpuStrategy::Sampling,
+                    other => return Err(format!("gpu: unknown strategy `{other}`").into()),
+                }
+            }
             other => return Err(format!("gpu: unknown argument `{other}`").into()),
         }
     }
@@ -82,6 +93,7 @@ pub fn run(o: &Options) -> Result<(), Error> {
         workload.name, cc.0, cc.1
     );
     let options = GpuSearchOptions {
+        strategy: o.strategy,
         trials: o.trials,
         batch: o.batch,
         seed: o.seed,
@@ -123,6 +135,7 @@ pub fn run(o: &Options) -> Result<(), Error> {
         "trials": n_trials,
         "failed_trials": failed,
         "seed": o.seed,
+        "strategy": format!("{:?}", o.strategy).to_lowercase(),
         "best_latency_s": best_latency,
         "gflops": gf(best_latency),
         "default_gflops": gf(default_latency),

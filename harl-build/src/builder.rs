@@ -581,7 +581,7 @@ impl Builder {
     ) {
         use crate::cache::Record;
         use crate::tune::gpu_measure::{GpuMeasureConfig, GpuMeasurer};
-        use crate::tune::gpu_search::{search, GpuSearchOptions};
+        use crate::tune::gpu_search::{search, GpuSearchOptions, GpuStrategy};
         let var = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
         let seed = var("HARL_SEED").unwrap_or(0);
         let trials = var("HARL_GPU_TRIALS").unwrap_or(64) as usize;
@@ -611,7 +611,9 @@ impl Builder {
         if lookup.source == LookupSource::Exact {
             return;
         }
+        let strategy = std::env::var("HARL_STRATEGY").unwrap_or_default();
         let options = GpuSearchOptions {
+            strategy: GpuStrategy::from_name(&strategy),
             trials,
             batch: 16,
             seed,

@@ -15,6 +15,8 @@ use crate::rng::Rng;
 use crate::schedule::Schedule;
 use crate::tune::cost_model::{CostModel, XgbModel};
 use crate::tune::features;
+use crate::tune::gpu_harl::GpuHarl;
+use crate::tune::harl::HarlConfig;
 use std::collections::HashSet;
 use std::time::Instant;
 
@@ -23,9 +25,34 @@ const POOL: usize = 512;
 /// Measured candidates that mutations start from.
 const PARENTS: usize = 8;
 
+/// How the GPU search proposes candidates.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum GpuStrategy {
+    /// Samples and mutations of the best, ranked by the cost model (the module docs).
+    #[default]
+    Sampling,
+    /// HARL's parameter agent ([`crate::tune::gpu_harl`]): PPO-driven tile moves along
+    /// schedule tracks, adaptive stopping, the top visited by predicted score measured.
+    Harl,
+}
+
+impl GpuStrategy {
+    /// `harl` is HARL; every other strategy name of the CPU search (random, ansor, autotvm)
+    /// maps to the sampling search, the GPU's counterpart of the evolutionary one.
+    pub fn from_name(name: &str) -> GpuStrategy {
+        if name == "harl" {
+            GpuStrategy::Harl
+        } else {
+            GpuStrategy::Sampling
+        }
+    }
+}
+
 /// How long the GPU search runs.
 #[derive(Clone, Debug)]
 pub struct GpuSearchOptions {
+    /// How candidates are proposed.
+    pub strategy: GpuStrategy,
     /// Measured candidates in all (the default schedule included).
     pub trials: usize,
     /// Candidates measured per round (the model retrains between rounds).
@@ -94,6 +121,8 @@ pub fn search(
     };
     let default_params = sketch.default_params();
     let batch = options.batch.max(1);
+    let mut harl = (options.strategy == GpuStrategy::Harl)
+        .then(|| GpuHarl::new(sketch, HarlConfig::default(), options.seed));
     while trials.len() < options.trials {
         let want = batch.min(options.trials - trials.len());
         let mut picks: Vec<GpuParams> = Vec::new();
@@ -101,9 +130,27 @@ pub fn search(
             picks.push(default_params.clone());
         }
         let parents = best_params(&trials, PARENTS);
+        if let Some(h) = harl.as_mut() {
+            let mut skip = seen.clone();
+            skip.extend(picks.iter().cloned());
+            let n = want.saturating_sub(picks.len());
+            picks.extend(h.propose(sketch, &parents, &skip, &model, n, &mut rng));
+            // Short of proposals (a small space): fresh samples.
+            for _ in 0..POOL {
+                if picks.len() >= want {
+                    break;
+                }
+                let p = sketch.sample(&mut rng);
+                if !seen.contains(&p) && !picks.contains(&p) && candidate(&p).is_some() {
+                    picks.push(p);
+                }
+            }
+        }
         let mut pool: Vec<(GpuParams, Vec<f32>)> = Vec::new();
         let mut pooled: HashSet<GpuParams> = HashSet::new();
-        for k in 0..POOL {
+        // HARL proposes by itself; the sampling search ranks a pool.
+        let pool_size = if harl.is_some() { 0 } else { POOL };
+        for k in 0..pool_size {
             let p = if k % 2 == 1 && !parents.is_empty() {
                 let parent = &parents[rng.below(parents.len())];
                 sketch.mutate(parent, &mut rng)
@@ -124,7 +171,7 @@ pub fn search(
             .unwrap_or_else(|_| vec![0.0; pool.len()]);
         let mut order: Vec<usize> = (0..pool.len()).collect();
         order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
-        let n_random = want / 4;
+        let n_random = (want / 4).min(want.saturating_sub(picks.len()));
         let n_ranked = want.saturating_sub(picks.len() + n_random);
         let ranked: Vec<usize> = order.into_iter().take(n_ranked).collect();
         for &i in &ranked {
@@ -226,6 +273,7 @@ mod tests {
         let g = w::matmul(256, 256, 256).expect("mm");
         let sk = GpuSketch::new(&g).expect("sketch");
         let options = GpuSearchOptions {
+            strategy: GpuStrategy::Sampling,
             trials: 48,
             batch: 16,
             seed: 3,
@@ -248,10 +296,34 @@ mod tests {
     }
 
     #[test]
+    fn harl_on_the_gpu_sketch_is_deterministic_and_improves_on_the_default() {
+        let g = w::matmul(256, 256, 256).expect("mm");
+        let sk = GpuSketch::new(&g).expect("sketch");
+        let options = GpuSearchOptions {
+            strategy: GpuStrategy::Harl,
+            trials: 32,
+            batch: 16,
+            seed: 4,
+        };
+        let run = || search(&sk, &options, &mut |s| latency(s, &sk));
+        let (a, b) = (run(), run());
+        assert_eq!(a.trials.len(), 32);
+        let params = |r: &GpuSearchResult| -> Vec<GpuParams> {
+            r.trials.iter().map(|t| t.params.clone()).collect()
+        };
+        assert_eq!(params(&a), params(&b));
+        let distinct: HashSet<GpuParams> = params(&a).into_iter().collect();
+        assert_eq!(distinct.len(), 32, "every trial a new schedule");
+        let best = a.best.as_ref().expect("a best").0;
+        assert!(best < a.default_latency_s.expect("default"), "best {best}");
+    }
+
+    #[test]
     fn failed_trials_are_recorded_not_fatal() {
         let g = w::matmul(64, 64, 64).expect("mm");
         let sk = GpuSketch::new(&g).expect("sketch");
         let options = GpuSearchOptions {
+            strategy: GpuStrategy::Sampling,
             trials: 8,
             batch: 4,
             seed: 0,

@@ -7,6 +7,7 @@
 pub mod bandit;
 pub mod cost_model;
 pub mod features;
+pub mod gpu_harl;
 #[cfg(feature = "cuda")]
 pub mod gpu_measure;
 pub mod gpu_search;
