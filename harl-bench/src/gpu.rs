@@ -241,6 +241,10 @@ mod tests {
         ]))
         .expect("parses");
         assert_eq!((o.trials, o.batch, o.seed), (300, 32, 0));
+        assert_eq!(o.strategy, GpuStrategy::Sampling);
+        let h = parse(&args(&["--workload", "gemm_128", "--strategy", "harl"])).expect("parses");
+        assert_eq!(h.strategy, GpuStrategy::Harl);
+        assert!(parse(&args(&["--workload", "gemm_128", "--strategy", "ansor"])).is_err());
         assert!(parse(&args(&["--trials", "3"])).is_err());
         assert!(parse(&args(&["--workload", "gemm_128", "--trials", "0"])).is_err());
         assert!(parse(&args(&["--workload"])).is_err());
