@@ -131,6 +131,8 @@ impl GpuSketch {
         self.plans[last] = GpuPlan::Epilogue(t);
         let mut p = self.default_params();
         p.shared.iter_mut().for_each(|b| *b = false);
+        // The tiled plan, where the epilogue attaches (over a cross-thread one it is flat).
+        p.cross_thread.iter_mut().for_each(Vec::clear);
         if self.to_schedule(&p).is_err() {
             self.plans[last] = GpuPlan::Flat;
         }
@@ -246,7 +248,11 @@ impl GpuSketch {
                             .unwrap_or(1);
                     }
                 }
-                1 => m.reduce[k] = q.reduce[k].clone(),
+                1 => {
+                    if let (Some(r), Some(new)) = (m.reduce.get_mut(k), q.reduce.get(k)) {
+                        r.clone_from(new);
+                    }
+                }
                 2 => {
                     if m.cross_thread.len() != n {
                         m.cross_thread = vec![Vec::new(); n];
@@ -281,7 +287,10 @@ impl GpuSketch {
     fn inputs_read(&self, s: usize) -> Vec<usize> {
         fn walk(g: &Graph, plans: &[GpuPlan], s: usize, out: &mut Vec<usize>) {
             g.stages[s].body.visit(&mut |e| match e {
-                harl_te::Expr::Load(harl_te::TensorRef::Input(i), _) => out.push(*i),
+                // A scalar (0-d) input is read once per thread: nothing to stage.
+                harl_te::Expr::Load(harl_te::TensorRef::Input(i), idx) if !idx.is_empty() => {
+                    out.push(*i)
+                }
                 harl_te::Expr::Load(harl_te::TensorRef::Stage(t), _)
                     if plans.get(*t) == Some(&GpuPlan::Inline) =>
                 {

@@ -157,6 +157,11 @@ pub fn footprint(
         return Err(format!("input {input} is not read inside the staging loop"));
     };
     let dims = first.len();
+    if dims == 0 {
+        return Err(format!(
+            "input {input} is a scalar; there is nothing to stage"
+        ));
+    }
     let mut fixed: Vec<Option<Affine>> = vec![None; dims];
     let mut range = vec![(i64::MAX, i64::MIN); dims];
     for idx in &reads {
@@ -270,5 +275,12 @@ mod tests {
         }];
         assert!(footprint(&body, 0, &HashSet::new(), &[4]).is_err());
         assert!(footprint(&[], 0, &HashSet::new(), &[]).is_err());
+        // A scalar input: nothing to stage (an empty box would print `sh0[]`).
+        let body = vec![Stmt::AccUpdate {
+            index: Expr::int(0),
+            op: ReduceOp::Sum,
+            value: load(vec![]),
+        }];
+        assert!(footprint(&body, 0, &HashSet::new(), &[]).is_err());
     }
 }

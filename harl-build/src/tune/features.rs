@@ -491,7 +491,14 @@ impl<'a> Walker<'a> {
                     self.guards -= 1;
                 }
                 Stmt::Shared { boxes, body } => {
-                    let execs = self.trip();
+                    // One cooperative copy per block, not per thread.
+                    let threads: f64 = self
+                        .loops
+                        .iter()
+                        .filter(|l| l.2 == LoopKind::GpuThread)
+                        .map(|l| l.1 as f64)
+                        .product();
+                    let execs = self.trip() / threads;
                     let elems: usize = boxes.iter().map(|b| b.len()).sum();
                     self.t.shared_elems += execs * elems as f64;
                     self.walk(body);

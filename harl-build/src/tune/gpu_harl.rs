@@ -193,7 +193,14 @@ impl Layout {
             }
         }
         if let Some(on) = toggle(action.get(2)) {
-            q.unroll = on;
+            let r = GpuParams {
+                unroll: on,
+                ..q.clone()
+            };
+            // Unrolling a long `R1` may exceed the unroll limit.
+            if sketch.to_schedule(&r).is_ok() {
+                q = r;
+            }
         }
         q
     }
