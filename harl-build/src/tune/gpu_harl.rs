@@ -15,7 +15,7 @@ use crate::lower::lower;
 use crate::rng::Rng;
 use crate::tune::cost_model::CostModel;
 use crate::tune::features;
-use crate::tune::harl::HarlConfig;
+use crate::tune::harl::{record_step, spread, trajectories, HarlConfig, HasTransitions};
 use crate::tune::ppo::{ActionSpace, Agent, PpoConfig, Transition};
 use crate::tune::stopping::AdaptiveStopping;
 use std::collections::HashSet;
@@ -219,6 +219,12 @@ struct Track {
     transitions: Vec<Transition>,
 }
 
+impl HasTransitions for Track {
+    fn transitions(&mut self) -> &mut Vec<Transition> {
+        &mut self.transitions
+    }
+}
+
 impl GpuHarl {
     /// A search over `sketch` with HARL's parameters (tracks, steps, stopping, PPO).
     pub fn new(sketch: &GpuSketch, config: HarlConfig, seed: u64) -> Self {
@@ -329,45 +335,18 @@ impl GpuHarl {
             }
             let after: Vec<Vec<f32>> = alive.iter().map(|&i| encode(&tracks[i])).collect();
             let following = self.agent.act_batch(&after, rng);
-            for (k, &i) in alive.iter().enumerate() {
-                let (action, log_prob, value) = pending[k].clone();
-                let advantage = rewards[k] + cfg.ppo.gamma as f32 * following[k].2 - value;
-                stopping.observe(i, f64::from(advantage));
-                tracks[i].transitions.push(Transition {
-                    state: before[k].clone(),
-                    action,
-                    log_prob,
-                    value,
-                    reward: rewards[k],
-                    done: false,
-                });
-            }
-            let stopped: HashSet<usize> = stopping.eliminate().into_iter().collect();
-            let mut keep = Vec::new();
-            let mut keep_pending = Vec::new();
-            for (k, &i) in alive.iter().enumerate() {
-                if stopped.contains(&i) {
-                    if let Some(last) = tracks[i].transitions.last_mut() {
-                        last.done = true;
-                    }
-                } else {
-                    keep.push(i);
-                    keep_pending.push(following[k].clone());
-                }
-            }
-            alive = keep;
-            pending = keep_pending;
+            (alive, pending) = record_step(
+                &mut tracks,
+                &alive,
+                &pending,
+                &following,
+                &before,
+                &rewards,
+                cfg.ppo.gamma as f32,
+                &mut stopping,
+            );
         }
-        for &i in &alive {
-            if let Some(last) = tracks[i].transitions.last_mut() {
-                last.done = true;
-            }
-        }
-        let trajectories: Vec<Vec<Transition>> = tracks
-            .into_iter()
-            .map(|t| t.transitions)
-            .filter(|t| !t.is_empty())
-            .collect();
+        let trajectories = trajectories(&alive, tracks);
         if !trajectories.is_empty() {
             self.agent.train(&trajectories);
         }
@@ -379,12 +358,6 @@ impl GpuHarl {
             .take(batch)
             .collect()
     }
-}
-
-fn spread(xs: &[f64]) -> f64 {
-    let n = xs.len().max(1) as f64;
-    let mean = xs.iter().sum::<f64>() / n;
-    (xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n).sqrt()
 }
 
 #[cfg(test)]

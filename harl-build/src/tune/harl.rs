@@ -217,6 +217,82 @@ struct Track {
     transitions: Vec<Transition>,
 }
 
+impl HasTransitions for Track {
+    fn transitions(&mut self) -> &mut Vec<Transition> {
+        &mut self.transitions
+    }
+}
+
+/// A schedule track that records its agent transitions (the CPU and GPU searches' tracks).
+pub(crate) trait HasTransitions {
+    /// The track's transitions so far.
+    fn transitions(&mut self) -> &mut Vec<Transition>;
+}
+
+/// An agent's action with its log-probability and value estimate, as `act_batch` returns it.
+pub(crate) type Act = (Vec<usize>, f32, f32);
+
+/// The bookkeeping of one episode step (Algorithm 1's inner loop): each live track records its
+/// transition, its advantage `r + γ V(s') - V(s)` feeds adaptive stopping, and a stopped
+/// track's last transition ends its trajectory. Returns the tracks still alive with their next
+/// actions.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn record_step<T: HasTransitions>(
+    tracks: &mut [T],
+    alive: &[usize],
+    pending: &[Act],
+    following: &[Act],
+    before: &[Vec<f32>],
+    rewards: &[f32],
+    gamma: f32,
+    stopping: &mut AdaptiveStopping,
+) -> (Vec<usize>, Vec<Act>) {
+    for (k, &i) in alive.iter().enumerate() {
+        let (action, log_prob, value) = pending[k].clone();
+        let advantage = rewards[k] + gamma * following[k].2 - value;
+        stopping.observe(i, f64::from(advantage));
+        tracks[i].transitions().push(Transition {
+            state: before[k].clone(),
+            action,
+            log_prob,
+            value,
+            reward: rewards[k],
+            done: false,
+        });
+    }
+    let stopped: HashSet<usize> = stopping.eliminate().into_iter().collect();
+    let mut keep = Vec::new();
+    let mut keep_pending = Vec::new();
+    for (k, &i) in alive.iter().enumerate() {
+        if stopped.contains(&i) {
+            if let Some(last) = tracks[i].transitions().last_mut() {
+                last.done = true;
+            }
+        } else {
+            keep.push(i);
+            keep_pending.push(following[k].clone());
+        }
+    }
+    (keep, keep_pending)
+}
+
+/// Ends an episode: the tracks still alive end their trajectories; the non-empty ones.
+pub(crate) fn trajectories<T: HasTransitions>(
+    alive: &[usize],
+    mut tracks: Vec<T>,
+) -> Vec<Vec<Transition>> {
+    for &i in alive {
+        if let Some(last) = tracks[i].transitions().last_mut() {
+            last.done = true;
+        }
+    }
+    tracks
+        .iter_mut()
+        .map(|t| std::mem::take(t.transitions()))
+        .filter(|t| !t.is_empty())
+        .collect()
+}
+
 impl SearchStrategy for Harl {
     fn name(&self) -> &'static str {
         "harl"
@@ -342,45 +418,18 @@ impl SearchStrategy for Harl {
             }
             let after: Vec<Vec<f32>> = alive.iter().map(|&i| encode(&tracks[i])).collect();
             let following = sa.agent.act_batch(&after, rng);
-            for (k, &i) in alive.iter().enumerate() {
-                let (action, log_prob, value) = pending[k].clone();
-                let advantage = rewards[k] + cfg.ppo.gamma as f32 * following[k].2 - value;
-                stopping.observe(i, advantage as f64);
-                tracks[i].transitions.push(Transition {
-                    state: before[k].clone(),
-                    action,
-                    log_prob,
-                    value,
-                    reward: rewards[k],
-                    done: false,
-                });
-            }
-            let stopped: HashSet<usize> = stopping.eliminate().into_iter().collect();
-            let mut keep = Vec::new();
-            let mut keep_pending = Vec::new();
-            for (k, &i) in alive.iter().enumerate() {
-                if stopped.contains(&i) {
-                    if let Some(last) = tracks[i].transitions.last_mut() {
-                        last.done = true;
-                    }
-                } else {
-                    keep.push(i);
-                    keep_pending.push(following[k].clone());
-                }
-            }
-            alive = keep;
-            pending = keep_pending;
+            (alive, pending) = record_step(
+                &mut tracks,
+                &alive,
+                &pending,
+                &following,
+                &before,
+                &rewards,
+                cfg.ppo.gamma as f32,
+                &mut stopping,
+            );
         }
-        for &i in &alive {
-            if let Some(last) = tracks[i].transitions.last_mut() {
-                last.done = true;
-            }
-        }
-        let trajectories: Vec<Vec<Transition>> = tracks
-            .into_iter()
-            .map(|t| t.transitions)
-            .filter(|t| !t.is_empty())
-            .collect();
+        let trajectories = trajectories(&alive, tracks);
         if !trajectories.is_empty() {
             sa.agent.train(&trajectories);
         }
@@ -431,7 +480,8 @@ fn predict<'a>(model: &dyn CostModel, cands: impl Iterator<Item = &'a Candidate>
     }
 }
 
-fn spread(xs: &[f64]) -> f64 {
+/// The standard deviation of `xs`.
+pub(crate) fn spread(xs: &[f64]) -> f64 {
     let n = xs.len().max(1) as f64;
     let mean = xs.iter().sum::<f64>() / n;
     (xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n).sqrt()
