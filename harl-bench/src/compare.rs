@@ -140,6 +140,15 @@ fn curve(r: &TuneResult) -> Curve {
         .collect()
 }
 
+/// Trials of a run that failed to build or run.
+fn failed_trials(r: &TuneResult) -> usize {
+    r.tasks
+        .iter()
+        .flat_map(|t| &t.trials)
+        .filter(|t| t.latency_s.is_none())
+        .count()
+}
+
 fn median(mut xs: Vec<f64>) -> Option<f64> {
     xs.retain(|x| !x.is_nan());
     if xs.is_empty() {
@@ -153,6 +162,8 @@ fn median(mut xs: Vec<f64>) -> Option<f64> {
 /// One finished (strategy, seed) run of a workload comparison.
 struct SavedRun {
     curve: Curve,
+    /// Trials that failed to build or run (`None` in run files written before it was kept).
+    failed: Option<usize>,
     phases: PhaseTimes,
     wall_s: f64,
     /// Read back from `DIR/runs/` rather than run now.
@@ -191,6 +202,7 @@ fn workload_run(
     let r = run_tasks(vec![task], &o.run_spec(strategy, "gradient", seed))?;
     let run = SavedRun {
         curve: curve(&r),
+        failed: Some(failed_trials(&r)),
         phases: r.phases,
         wall_s: r.wall_s,
         reused: false,
@@ -199,6 +211,8 @@ fn workload_run(
     let saved = json!({
         "key": key,
         "wall_s": run.wall_s,
+        "failed_trials": run.failed,
+        "best_params": r.tasks.first().and_then(|t| t.best()).map(|t| &t.candidate.params),
         "phases_s": phases_json(&run.phases),
         "curve": run.curve.iter().map(|p| json!([p.0, p.1, p.2])).collect::<Vec<_>>(),
     });
@@ -228,6 +242,7 @@ fn read_saved_run(path: &std::path::Path, key: &Value) -> Option<SavedRun> {
     let ph = &v["phases_s"];
     Some(SavedRun {
         curve,
+        failed: v["failed_trials"].as_u64().map(|n| n as usize),
         phases: PhaseTimes {
             propose_s: num(&ph["propose"])?,
             measure_s: num(&ph["measure"])?,
@@ -251,14 +266,16 @@ fn compare_workload(o: &Options, name: &str) -> Result<(), Error> {
     let mut curves: Vec<Vec<Curve>> = Vec::new();
     let mut phases: Vec<PhaseTimes> = Vec::new();
     let mut walls: Vec<f64> = Vec::new();
+    let mut failed: Vec<Option<usize>> = Vec::new();
     for strategy in &o.strategies {
         let mut per_seed = Vec::new();
         for &seed in &o.seeds {
             let run = workload_run(o, &workload, &graph, strategy, seed)?;
             println!(
-                "{} {strategy} seed {seed}: {} trials in {:.1} s (propose {:.1}, measure {:.1}, retrain {:.1}), best {}{}",
+                "{} {strategy} seed {seed}: {} trials ({} failed) in {:.1} s (propose {:.1}, measure {:.1}, retrain {:.1}), best {}{}",
                 workload.name,
                 run.curve.last().map_or(0, |p| p.0),
+                run.failed.map_or("?".into(), |n| n.to_string()),
                 run.wall_s,
                 run.phases.propose_s,
                 run.phases.measure_s,
@@ -271,6 +288,7 @@ fn compare_workload(o: &Options, name: &str) -> Result<(), Error> {
             );
             phases.push(run.phases);
             walls.push(run.wall_s);
+            failed.push(run.failed);
             per_seed.push(run.curve);
         }
         curves.push(per_seed);
@@ -305,6 +323,7 @@ fn compare_workload(o: &Options, name: &str) -> Result<(), Error> {
                 "wall_s_to_reach_baseline": reach.map(|p| p.2),
                 "trials_to_reach_99pct_baseline": near.map(|p| p.0),
                 "wall_s": walls[s * o.seeds.len() + k],
+                "failed_trials": failed[s * o.seeds.len() + k],
                 "phases_s": phases_json(&phases[s * o.seeds.len() + k]),
             }));
         }

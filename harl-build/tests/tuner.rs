@@ -95,6 +95,27 @@ fn same_seed_same_schedules_for_every_strategy() {
 }
 
 #[test]
+fn harl_elite_names_set_the_elite_fraction() {
+    let mk = || {
+        vec![task(
+            "mm",
+            workloads::matmul(64, 64, 64).expect("matmul"),
+            1.0,
+        )]
+    };
+    // `harl` starts a quarter of its tracks from the best measured: `harl-elite25` is it.
+    assert_eq!(
+        chosen(&run("harl", 3, 24, mk())),
+        chosen(&run("harl-elite25", 3, 24, mk()))
+    );
+    let all_elite = run("harl-elite100", 3, 24, mk());
+    assert_eq!(all_elite.trials, 24);
+    for bad in ["harl-elite101", "harl-elite", "harl-elitex", "harl-elite-5"] {
+        assert!(strategy_by_name(bad, 0).is_none(), "{bad}");
+    }
+}
+
+#[test]
 fn budget_is_split_over_tasks_and_the_curve_never_gets_worse() {
     let tasks = vec![
         task("mm", workloads::matmul(32, 48, 64).expect("matmul"), 2.0),

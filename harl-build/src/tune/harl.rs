@@ -10,7 +10,7 @@
 //! the episode's transitions and the top-K visited schedules by predicted score are proposed
 //! for measurement. The agent of each (task, sketch) keeps its weights across rounds.
 //!
-//! Deviations, stated: a quarter of an episode's tracks start from the sketch's best measured
+//! Deviations, stated: a quarter of an episode's tracks (`elite_fraction`) start from the sketch's best measured
 //! schedules rather than random fillings (without them HARL lost to Ansor's evolutionary search,
 //! which keeps its best in the population, on conv1d at 200 trials). XGBoost rank scores can be zero or negative, so the relative change is
 //! taken against `max(|C(s)|, σ)` with σ the spread of the episode's initial scores, and clipped
@@ -34,6 +34,9 @@ pub struct HarlConfig {
     pub max_steps: usize,
     /// The episode ends when fewer tracks than this remain.
     pub min_tracks: usize,
+    /// Fraction of an episode's tracks that start from the sketch's best measured schedules
+    /// (the rest start from random fillings).
+    pub elite_fraction: f64,
     /// Adaptive stopping window (λ).
     pub stop_window: usize,
     /// Adaptive stopping elimination ratio (ρ).
@@ -54,6 +57,7 @@ impl Default for HarlConfig {
             tracks: 32,
             max_steps: 60,
             min_tracks: 4,
+            elite_fraction: 0.25,
             stop_window: 20,
             stop_ratio: 0.5,
             sketch_window: 256,
@@ -338,13 +342,15 @@ impl SearchStrategy for Harl {
         let mut seen: HashSet<Params> = HashSet::new();
         // Phase 1: an episode of parameter modifications.
         let mut tracks: Vec<Track> = Vec::new();
-        // A quarter of the tracks start from the sketch's best measured schedules (the rest from
-        // random fillings, as the paper's): without them every episode restarts from scratch.
+        // Some tracks (a quarter by default) start from the sketch's best measured schedules (the
+        // rest from random fillings, as the paper's): without them every episode restarts from
+        // scratch.
+        let n_elite = ((cfg.tracks as f64) * cfg.elite_fraction.clamp(0.0, 1.0)) as usize;
         let elite = state
             .top_measured(cfg.tracks)
             .into_iter()
             .filter(|p| p.sketch == u)
-            .take(cfg.tracks / 4)
+            .take(n_elite)
             .filter_map(|p| state.candidate(p));
         for c in elite {
             tracks.push(Track {

@@ -166,15 +166,27 @@ pub trait SearchStrategy {
 }
 
 /// The strategy called `name`: `harl` (hierarchical RL), `ansor` (evolutionary), `autotvm`
-/// (annealing) or `random`. `seed` seeds what a strategy initialises on its own (HARL's
-/// networks); every other random decision comes from the tuner's generator.
+/// (annealing) or `random`. `harl-elite<P>` is HARL with `P` percent of its tracks started
+/// from the best measured schedules (an ablation; `harl` is `harl-elite25`). `seed` seeds what
+/// a strategy initialises on its own (HARL's networks); every other random decision comes from
+/// the tuner's generator.
 pub fn strategy_by_name(name: &str, seed: u64) -> Option<Box<dyn SearchStrategy>> {
-    match name {
-        "harl" => {
-            let mut config = crate::tune::harl::HarlConfig::default();
-            config.ppo.seed = seed;
-            Some(Box::new(crate::tune::harl::Harl::new(config)))
+    let harl = |elite_fraction: Option<f64>| -> Option<Box<dyn SearchStrategy>> {
+        let mut config = crate::tune::harl::HarlConfig::default();
+        config.ppo.seed = seed;
+        if let Some(f) = elite_fraction {
+            config.elite_fraction = f;
         }
+        Some(Box::new(crate::tune::harl::Harl::new(config)))
+    };
+    if let Some(pct) = name.strip_prefix("harl-elite") {
+        return match pct.parse::<u32>() {
+            Ok(p) if p <= 100 => harl(Some(f64::from(p) / 100.0)),
+            _ => None,
+        };
+    }
+    match name {
+        "harl" => harl(None),
         "random" => Some(Box::new(RandomSearch)),
         "ansor" | "evolutionary" => Some(Box::new(Evolutionary::default())),
         "autotvm" | "annealing" => Some(Box::new(Annealing::default())),
