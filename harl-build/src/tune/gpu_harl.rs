@@ -15,7 +15,9 @@ use crate::lower::lower;
 use crate::rng::Rng;
 use crate::tune::cost_model::CostModel;
 use crate::tune::features;
-use crate::tune::harl::{record_step, spread, trajectories, HarlConfig, HasTransitions};
+use crate::tune::harl::{
+    record_step, relative_reward, spread, trajectories, HarlConfig, HasTransitions,
+};
 use crate::tune::ppo::{ActionSpace, Agent, PpoConfig, Transition};
 use crate::tune::stopping::AdaptiveStopping;
 use std::collections::HashSet;
@@ -325,8 +327,7 @@ impl GpuHarl {
             let scores = score(&next);
             let mut rewards = Vec::with_capacity(alive.len());
             for ((&i, p), &s) in alive.iter().zip(next).zip(&scores) {
-                let old = tracks[i].score;
-                rewards.push((((s - old) / old.abs().max(scale)).clamp(-1.0, 1.0)) as f32);
+                rewards.push(relative_reward(tracks[i].score, s, scale));
                 if in_visited.insert(p.clone()) {
                     visited.push((s, p.clone()));
                 }

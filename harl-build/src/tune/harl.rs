@@ -414,8 +414,7 @@ impl SearchStrategy for Harl {
             let scores = predict(model, next.iter());
             let mut rewards = Vec::with_capacity(alive.len());
             for ((&i, c), s) in alive.iter().zip(next).zip(&scores) {
-                let old = tracks[i].score;
-                rewards.push((((s - old) / old.abs().max(scale)).clamp(-1.0, 1.0)) as f32);
+                rewards.push(relative_reward(tracks[i].score, *s, scale));
                 tracks[i].cand = c;
                 tracks[i].score = *s;
                 if seen.insert(tracks[i].cand.params.clone()) {
@@ -484,6 +483,12 @@ fn predict<'a>(model: &dyn CostModel, cands: impl Iterator<Item = &'a Candidate>
             .collect(),
         _ => vec![0.0; feats.len()],
     }
+}
+
+/// A step's reward: the relative change of the cost model's score, taken against
+/// `max(|old|, scale)` (rank scores can be zero or negative) and clipped to [-1, 1].
+pub(crate) fn relative_reward(old: f64, new: f64, scale: f64) -> f32 {
+    ((new - old) / old.abs().max(scale)).clamp(-1.0, 1.0) as f32
 }
 
 /// The standard deviation of `xs`.
