@@ -262,11 +262,8 @@ fn compare_workload(o: &Options, name: &str) -> Result<(), Error> {
     } else {
         o.strategies[0].clone()
     };
-    // curves[strategy][seed]
-    let mut curves: Vec<Vec<Curve>> = Vec::new();
-    let mut phases: Vec<PhaseTimes> = Vec::new();
-    let mut walls: Vec<f64> = Vec::new();
-    let mut failed: Vec<Option<usize>> = Vec::new();
+    // runs[strategy][seed]
+    let mut runs: Vec<Vec<SavedRun>> = Vec::new();
     for strategy in &o.strategies {
         let mut per_seed = Vec::new();
         for &seed in &o.seeds {
@@ -286,20 +283,19 @@ fn compare_workload(o: &Options, name: &str) -> Result<(), Error> {
                 )),
                 if run.reused { " (saved run)" } else { "" }
             );
-            phases.push(run.phases);
-            walls.push(run.wall_s);
-            failed.push(run.failed);
-            per_seed.push(run.curve);
+            per_seed.push(run);
         }
-        curves.push(per_seed);
+        runs.push(per_seed);
     }
     let bi = o
         .strategies
         .iter()
         .position(|s| *s == baseline)
         .unwrap_or(0);
-    let baseline_best: Vec<Option<f64>> =
-        curves[bi].iter().map(|c| c.last().map(|p| p.1)).collect();
+    let baseline_best: Vec<Option<f64>> = runs[bi]
+        .iter()
+        .map(|r| r.curve.last().map(|p| p.1))
+        .collect();
     let mut strategies = serde_json::Map::new();
     for (s, name) in o.strategies.iter().enumerate() {
         let mut finals = Vec::new();
@@ -307,7 +303,8 @@ fn compare_workload(o: &Options, name: &str) -> Result<(), Error> {
         let mut reach_wall = Vec::new();
         let mut near_trials = Vec::new();
         let mut per_seed = Vec::new();
-        for (k, c) in curves[s].iter().enumerate() {
+        for (k, run) in runs[s].iter().enumerate() {
+            let c = &run.curve;
             let fin = c.last().map(|p| flops / p.1 / 1e9);
             let reach = baseline_best[k].and_then(|b| c.iter().find(|p| p.1 <= b));
             // Within 1% of the baseline's best: less at the mercy of one lucky measurement.
@@ -322,9 +319,9 @@ fn compare_workload(o: &Options, name: &str) -> Result<(), Error> {
                 "trials_to_reach_baseline": reach.map(|p| p.0),
                 "wall_s_to_reach_baseline": reach.map(|p| p.2),
                 "trials_to_reach_99pct_baseline": near.map(|p| p.0),
-                "wall_s": walls[s * o.seeds.len() + k],
-                "failed_trials": failed[s * o.seeds.len() + k],
-                "phases_s": phases_json(&phases[s * o.seeds.len() + k]),
+                "wall_s": run.wall_s,
+                "failed_trials": run.failed,
+                "phases_s": phases_json(&run.phases),
             }));
         }
         strategies.insert(
@@ -334,7 +331,7 @@ fn compare_workload(o: &Options, name: &str) -> Result<(), Error> {
                 "trials_to_reach_baseline": median(reach_trials),
                 "wall_s_to_reach_baseline": median(reach_wall),
                 "trials_to_reach_99pct_baseline": median(near_trials),
-                "wall_s": median(walls[s * o.seeds.len()..(s + 1) * o.seeds.len()].to_vec()),
+                "wall_s": median(runs[s].iter().map(|r| r.wall_s).collect()),
                 "per_seed": per_seed,
             }),
         );
@@ -354,8 +351,8 @@ fn compare_workload(o: &Options, name: &str) -> Result<(), Error> {
     )?;
     let mut csv = String::from("strategy,seed,trial,best_latency_s,elapsed_s\n");
     for (s, name) in o.strategies.iter().enumerate() {
-        for (k, c) in curves[s].iter().enumerate() {
-            for p in c {
+        for (k, run) in runs[s].iter().enumerate() {
+            for p in &run.curve {
                 csv.push_str(&format!(
                     "{name},{},{},{:e},{:.3}\n",
                     o.seeds[k], p.0, p.1, p.2
@@ -364,6 +361,10 @@ fn compare_workload(o: &Options, name: &str) -> Result<(), Error> {
         }
     }
     std::fs::write(o.out.join("curves.csv"), csv)?;
+    let curves: Vec<Vec<Curve>> = runs
+        .into_iter()
+        .map(|per_seed| per_seed.into_iter().map(|r| r.curve).collect())
+        .collect();
     plot(o, &workload.name, flops, &curves)?;
     println!("{}", serde_json::to_string_pretty(&report["strategies"])?);
     Ok(())

@@ -53,9 +53,10 @@ usage: harl-bench [spine] [--json PATH]
                sketch), verify it, compare with cuBLAS on GEMMs; summary.json, curve.csv
   summarize DIR
                one markdown table from DIR/*/summary.json (see scripts/suite.sh)
-  compare-summary DIR [--strategy S]
+  compare-summary DIR [--strategy S] [--budgets 64,128,...]
                one markdown table from DIR/*/compare.json: S (default harl) against the
-               baseline, medians over seeds, geometric means (see scripts/compare-suite.sh)
+               baseline, medians over seeds, geometric means (see scripts/compare-suite.sh);
+               --budgets adds a table of S's GFLOP/s over the baseline's within each budget
   remeasure DIR [--threads T] [--rounds R]
                time the tuned schedules under DIR, the default schedule and the gemm crate
                again, interleaved in one run (R rounds, medians); DIR/remeasure.json
@@ -71,10 +72,7 @@ enum Command {
     /// `spine [--json PATH]`.
     Spine(spine::Options),
     /// The hidden matrixmultiply timing worker (see [`spine::WORKER_COMMAND`]).
-    MatrixMultiplyWorker {
-        workload: String,
-        threads: usize,
-    },
+    MatrixMultiplyWorker { workload: String, threads: usize },
     /// `tune --workload W --strategy S --trials N --seed K --threads T --out DIR`.
     Tune(tune::Options),
     /// `compare ...`.
@@ -91,7 +89,8 @@ enum Command {
     Probe(String, usize, usize, Option<std::path::PathBuf>),
     /// `summarize DIR`.
     Summarize(std::path::PathBuf),
-    CompareSummary(std::path::PathBuf, String),
+    /// `compare-summary DIR [--strategy S] [--budgets B1,B2,...]`.
+    CompareSummary(std::path::PathBuf, String, Vec<usize>),
     /// `record [--out DIR]`.
     Record(record::Options),
     /// `help`, `-h`, `--help`.
@@ -124,8 +123,11 @@ fn run(command: Command) -> Result<(), Error> {
             probe::run(&w, threads, rounds, emit.as_deref())
         }
         Command::Summarize(dir) => summarize::run(&dir),
-        Command::CompareSummary(dir, strategy) => {
+        Command::CompareSummary(dir, strategy, budgets) => {
             print!("{}", summarize::compare_table(&dir, &strategy)?);
+            if !budgets.is_empty() {
+                print!("\n{}", summarize::budget_table(&dir, &strategy, &budgets)?);
+            }
             Ok(())
         }
         Command::Remeasure(dir, threads, rounds) => remeasure::run(&dir, threads, rounds),
@@ -139,6 +141,39 @@ fn run(command: Command) -> Result<(), Error> {
             Ok(())
         }
     }
+}
+
+/// `compare-summary DIR [--strategy S] [--budgets B1,B2,...]`, flags in any order.
+fn parse_compare_summary(args: &[String]) -> Result<Command, Error> {
+    let usage =
+        || format!("compare-summary: expected DIR [--strategy S] [--budgets 64,128,...]\n{USAGE}");
+    let Some((dir, mut rest)) = args.split_first() else {
+        return Err(usage().into());
+    };
+    let mut strategy = "harl".to_string();
+    let mut budgets = Vec::new();
+    while let [flag, value, tail @ ..] = rest {
+        match flag.as_str() {
+            "--strategy" => strategy = value.clone(),
+            "--budgets" => {
+                budgets = value
+                    .split(',')
+                    .map(|b| match b.trim().parse::<usize>() {
+                        Ok(n) if n > 0 => Ok(n),
+                        _ => Err(format!(
+                            "compare-summary: --budgets: `{b}` is not a trial count"
+                        )),
+                    })
+                    .collect::<Result<_, _>>()?;
+            }
+            _ => return Err(usage().into()),
+        }
+        rest = tail;
+    }
+    if !rest.is_empty() {
+        return Err(usage().into());
+    }
+    Ok(Command::CompareSummary(dir.into(), strategy, budgets))
 }
 
 /// Parses the arguments after the program name; options alone mean `spine`.
@@ -157,13 +192,7 @@ fn parse(args: &[String]) -> Result<Command, Error> {
             [dir] => Ok(Command::Summarize(dir.into())),
             _ => Err(format!("summarize: expected one DIR\n{USAGE}").into()),
         },
-        "compare-summary" => match &args[1..] {
-            [dir] => Ok(Command::CompareSummary(dir.into(), "harl".into())),
-            [dir, flag, s] if flag == "--strategy" => {
-                Ok(Command::CompareSummary(dir.into(), s.clone()))
-            }
-            _ => Err(format!("compare-summary: expected DIR [--strategy S]\n{USAGE}").into()),
-        },
+        "compare-summary" => parse_compare_summary(&args[1..]),
         "model-eval" => Ok(Command::ModelEval(args[1..].to_vec())),
         "compare" => compare::parse(&args[1..]).map(Command::Compare),
         "tune" if args[1..].iter().any(|a| a == "--list") => Ok(Command::List),
@@ -275,5 +304,31 @@ mod tests {
         assert!(parse(&args(&["tun"])).is_err());
         assert!(parse(&args(&["spine", "--json"])).is_err());
         assert!(parse(&args(&["spine", "--fast"])).is_err());
+    }
+
+    #[test]
+    fn compare_summary_takes_a_strategy_and_budgets_in_any_order() {
+        match parse(&args(&[
+            "compare-summary",
+            "d",
+            "--budgets",
+            "64,128",
+            "--strategy",
+            "x",
+        ])) {
+            Ok(Command::CompareSummary(dir, s, b)) => {
+                assert_eq!(dir, std::path::PathBuf::from("d"));
+                assert_eq!(s, "x");
+                assert_eq!(b, vec![64, 128]);
+            }
+            other => panic!("parsed as {other:?}"),
+        }
+        match parse(&args(&["compare-summary", "d"])) {
+            Ok(Command::CompareSummary(_, s, b)) => assert!(s == "harl" && b.is_empty()),
+            other => panic!("parsed as {other:?}"),
+        }
+        assert!(parse(&args(&["compare-summary", "d", "--budgets", "64,0"])).is_err());
+        assert!(parse(&args(&["compare-summary", "d", "--budgets"])).is_err());
+        assert!(parse(&args(&["compare-summary"])).is_err());
     }
 }

@@ -3,6 +3,7 @@
 
 use crate::Error;
 use serde_json::Value;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// The `DIR/*/summary.json` files, sorted by path.
@@ -166,6 +167,123 @@ pub fn compare_table(dir: &Path, strategy: &str) -> Result<String, Error> {
     Ok(out)
 }
 
+/// (strategy, seed) -> (trial, best latency so far) points, in trial order.
+type Curves = BTreeMap<(String, u64), Vec<(usize, f64)>>;
+
+/// Each (strategy, seed) curve of a `curves.csv` (as `compare` writes it): its (trial, best
+/// latency so far) points in trial order.
+fn read_curves(path: &Path) -> Result<Curves, Error> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut curves = Curves::new();
+    for (n, line) in text.lines().enumerate().skip(1) {
+        let bad = || {
+            format!(
+                "{}:{}: not `strategy,seed,trial,best_latency_s,...`",
+                path.display(),
+                n + 1
+            )
+        };
+        let mut f = line.split(',');
+        let (Some(strategy), Some(seed), Some(trial), Some(latency)) =
+            (f.next(), f.next(), f.next(), f.next())
+        else {
+            return Err(bad().into());
+        };
+        let (Ok(seed), Ok(trial), Ok(latency)) = (
+            seed.parse::<u64>(),
+            trial.parse::<usize>(),
+            latency.parse::<f64>(),
+        ) else {
+            return Err(bad().into());
+        };
+        curves
+            .entry((strategy.to_string(), seed))
+            .or_default()
+            .push((trial, latency));
+    }
+    Ok(curves)
+}
+
+/// The median over seeds of `strategy`'s best latency within the first `budget` trials; a
+/// seed with no successful trial by then counts as infinitely slow. `None` when no seed of the
+/// strategy is in `curves` or the median is infinite.
+fn median_best_within(curves: &Curves, strategy: &str, budget: usize) -> Option<f64> {
+    let mut best: Vec<f64> = curves
+        .iter()
+        .filter(|((s, _), _)| s == strategy)
+        .map(|(_, c)| {
+            c.iter()
+                .take_while(|p| p.0 <= budget)
+                .last()
+                .map_or(f64::INFINITY, |p| p.1)
+        })
+        .collect();
+    if best.is_empty() {
+        return None;
+    }
+    best.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    let m = best[best.len() / 2];
+    m.is_finite().then_some(m)
+}
+
+/// One markdown row per `DIR/*/compare.json` (with its `curves.csv`): at each trial budget,
+/// `strategy`'s GFLOP/s over the baseline's, each the median over seeds of the best found
+/// within that many trials; a last row of geometric means. It answers "which strategy should a
+/// build with N trials use", which the final figures of a 1,000-trial run do not.
+pub fn budget_table(dir: &Path, strategy: &str, budgets: &[usize]) -> Result<String, Error> {
+    let files = compare_files(dir)?;
+    if files.is_empty() {
+        return Err(format!("no */compare.json under {}", dir.display()).into());
+    }
+    let heads: Vec<String> = budgets.iter().map(|b| format!("at {b} trials")).collect();
+    let mut out = format!(
+        "| workload ({strategy} / baseline GFLOP/s) | {} |\n|---|{}\n",
+        heads.join(" | "),
+        "---|".repeat(budgets.len())
+    );
+    let mut logs: Vec<Vec<f64>> = vec![Vec::new(); budgets.len()];
+    for (path, v) in files {
+        let base_name = v["baseline"].as_str().unwrap_or("ansor");
+        let curves = read_curves(&path.with_file_name("curves.csv"))?;
+        let trials = v["trials"].as_u64().map_or(usize::MAX, |t| t as usize);
+        let mut cells = Vec::new();
+        for (b, log) in budgets.iter().zip(logs.iter_mut()) {
+            let ratio = (*b <= trials)
+                .then(|| {
+                    let ours = median_best_within(&curves, strategy, *b)?;
+                    let base = median_best_within(&curves, base_name, *b)?;
+                    Some(base / ours)
+                })
+                .flatten();
+            if let Some(r) = ratio {
+                log.push(r.ln());
+            }
+            cells.push(ratio.map_or("-".to_string(), |r| format!("{r:.2}")));
+        }
+        out.push_str(&format!(
+            "| {} | {} |\n",
+            v["workload"].as_str().unwrap_or("?"),
+            cells.join(" | ")
+        ));
+    }
+    let geo: Vec<String> = logs
+        .iter()
+        .map(|l| {
+            if l.is_empty() {
+                "-".to_string()
+            } else {
+                format!(
+                    "{:.2} (of {})",
+                    (l.iter().sum::<f64>() / l.len() as f64).exp(),
+                    l.len()
+                )
+            }
+        })
+        .collect();
+    out.push_str(&format!("| geometric mean | {} |\n", geo.join(" | ")));
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -233,5 +351,41 @@ mod tests {
             "{t}"
         );
         assert!(missing.is_err());
+    }
+
+    #[test]
+    fn budget_rows_take_the_median_best_within_each_budget() {
+        let dir = std::env::temp_dir().join(format!("harl-budget-summary-{}", std::process::id()));
+        let d = dir.join("w");
+        std::fs::create_dir_all(&d).expect("dir");
+        std::fs::write(
+            d.join("compare.json"),
+            r#"{"workload":"w","trials":4,"seeds":[0,1,2],"baseline":"ansor","strategies":{}}"#,
+        )
+        .expect("write");
+        // harl's seeds reach 1.0 / 2.0 / 4.0 s by trial 2 and 0.5 / 1.0 / 4.0 by trial 4;
+        // ansor's 2.0 / 2.0 / 8.0 and 2.0 / 1.0 / 8.0. Seed 2 of harl fails its first trial.
+        let csv = "strategy,seed,trial,best_latency_s,elapsed_s\n\
+            harl,0,1,2.0,0.1\nharl,0,2,1.0,0.2\nharl,0,4,0.5,0.4\n\
+            harl,1,1,2.0,0.1\nharl,1,3,1.0,0.3\n\
+            harl,2,2,4.0,0.2\n\
+            ansor,0,1,2.0,0.1\n\
+            ansor,1,1,2.0,0.1\nansor,1,4,1.0,0.4\n\
+            ansor,2,1,8.0,0.1\n";
+        std::fs::write(d.join("curves.csv"), csv).expect("write");
+        let t = budget_table(&dir, "harl", &[1, 2, 4, 8]);
+        std::fs::write(d.join("curves.csv"), "strategy,seed,trial\nharl,0,x\n").expect("write");
+        let bad = budget_table(&dir, "harl", &[1]);
+        let _ = std::fs::remove_dir_all(&dir);
+        let t = t.expect("table");
+        // Within 1 trial: harl's medians of (2, 2, inf) = 2, ansor's of (2, 2, 8) = 2 -> 1.00.
+        // Within 2: (1, 2, 4) -> 2 against 2 -> 1.00. Within 4: (0.5, 1, 4) -> 1 against
+        // (2, 1, 8) -> 2 -> 2.00. 8 is past the run's 4 trials.
+        assert!(t.contains("| w | 1.00 | 1.00 | 2.00 | - |"), "{t}");
+        assert!(
+            t.contains("| geometric mean | 1.00 (of 1) | 1.00 (of 1) | 2.00 (of 1) | - |"),
+            "{t}"
+        );
+        assert!(bad.is_err());
     }
 }

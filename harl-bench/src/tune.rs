@@ -224,8 +224,12 @@ fn measure_default(graph: &Graph, threads: usize, seed: u64) -> Result<Option<f6
 /// Tunes `tasks` with the named strategy and task scheduler on this machine's variant.
 pub fn run_tasks(tasks: Vec<Task>, spec: &RunSpec<'_>) -> Result<TuneResult, Error> {
     let (strategy, scheduler, seed) = (spec.strategy, spec.scheduler, spec.seed);
-    let mut strategy = strategy_by_name(strategy, seed)
-        .ok_or_else(|| format!("unknown strategy `{strategy}` (harl, ansor, autotvm, random)"))?;
+    let mut strategy = strategy_by_name(strategy, seed).ok_or_else(|| {
+        format!(
+            "unknown strategy `{strategy}` ({})",
+            harl_build::tune::search::STRATEGY_NAMES
+        )
+    })?;
     let mut scheduler = scheduler_by_name(scheduler)
         .ok_or_else(|| format!("unknown task scheduler `{scheduler}`"))?;
     let mut model = XgbModel::with_seed(seed);

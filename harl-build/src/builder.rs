@@ -467,7 +467,10 @@ impl Builder {
             return None;
         };
         let Some(mut strategy) = search::strategy_by_name(&strategy_name, seed) else {
-            warn(format!("HARL_STRATEGY={strategy_name} is not a strategy (random, ansor, autotvm); not tuning `{name}`"));
+            warn(format!(
+                "HARL_STRATEGY={strategy_name} is not a strategy ({}); not tuning `{name}`",
+                search::STRATEGY_NAMES
+            ));
             return None;
         };
         let out_dir = self

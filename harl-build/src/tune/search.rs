@@ -165,6 +165,10 @@ pub trait SearchStrategy {
     ) -> Vec<Candidate>;
 }
 
+/// The names [`strategy_by_name`] accepts (besides their aliases and `harl-elite<P>`), for
+/// error messages.
+pub const STRATEGY_NAMES: &str = "harl, ansor, autotvm, random";
+
 /// The strategy called `name`: `harl` (hierarchical RL), `ansor` (evolutionary), `autotvm`
 /// (annealing) or `random`. `harl-elite<P>` is HARL with `P` percent of its tracks started
 /// from the best measured schedules (an ablation; `harl` is `harl-elite25`). `seed` seeds what
