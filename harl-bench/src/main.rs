@@ -17,6 +17,7 @@ mod probe;
 mod record;
 mod remeasure;
 mod report;
+mod retime;
 mod spine;
 mod suite;
 mod summarize;
@@ -57,6 +58,10 @@ usage: harl-bench [spine] [--json PATH]
                one markdown table from DIR/*/compare.json: S (default harl) against the
                baseline, medians over seeds, geometric means (see scripts/compare-suite.sh);
                --budgets adds a table of S's GFLOP/s over the baseline's within each budget
+  compare-retime DIR [--rounds R]
+               time the best schedule of every saved run of one compare directory again,
+               all in one batch per round with the default schedule (medians of R, default
+               5); the strategies' ratio on like-for-like timings; DIR/retime.json
   remeasure DIR [--threads T] [--rounds R]
                time the tuned schedules under DIR, the default schedule and the gemm crate
                again, interleaved in one run (R rounds, medians); DIR/remeasure.json
@@ -91,6 +96,8 @@ enum Command {
     Summarize(std::path::PathBuf),
     /// `compare-summary DIR [--strategy S] [--budgets B1,B2,...]`.
     CompareSummary(std::path::PathBuf, String, Vec<usize>),
+    /// `compare-retime DIR [--rounds R]`.
+    CompareRetime(std::path::PathBuf, usize),
     /// `record [--out DIR]`.
     Record(record::Options),
     /// `help`, `-h`, `--help`.
@@ -130,6 +137,7 @@ fn run(command: Command) -> Result<(), Error> {
             }
             Ok(())
         }
+        Command::CompareRetime(dir, rounds) => retime::run(&dir, rounds),
         Command::Remeasure(dir, threads, rounds) => remeasure::run(&dir, threads, rounds),
         Command::Gpu(options) => gpu::run(&options),
         Command::List => {
@@ -193,6 +201,14 @@ fn parse(args: &[String]) -> Result<Command, Error> {
             _ => Err(format!("summarize: expected one DIR\n{USAGE}").into()),
         },
         "compare-summary" => parse_compare_summary(&args[1..]),
+        "compare-retime" => match &args[1..] {
+            [dir] => Ok(Command::CompareRetime(dir.into(), 5)),
+            [dir, flag, r] if flag == "--rounds" => match r.parse::<usize>() {
+                Ok(n) if n > 0 => Ok(Command::CompareRetime(dir.into(), n)),
+                _ => Err(format!("compare-retime: --rounds: `{r}` is not a positive count").into()),
+            },
+            _ => Err(format!("compare-retime: expected DIR [--rounds R]\n{USAGE}").into()),
+        },
         "model-eval" => Ok(Command::ModelEval(args[1..].to_vec())),
         "compare" => compare::parse(&args[1..]).map(Command::Compare),
         "tune" if args[1..].iter().any(|a| a == "--list") => Ok(Command::List),
@@ -330,5 +346,10 @@ mod tests {
         assert!(parse(&args(&["compare-summary", "d", "--budgets", "64,0"])).is_err());
         assert!(parse(&args(&["compare-summary", "d", "--budgets"])).is_err());
         assert!(parse(&args(&["compare-summary"])).is_err());
+        assert!(matches!(
+            parse(&args(&["compare-retime", "d", "--rounds", "3"])),
+            Ok(Command::CompareRetime(_, 3))
+        ));
+        assert!(parse(&args(&["compare-retime", "d", "--rounds", "0"])).is_err());
     }
 }
