@@ -73,7 +73,7 @@ fn chosen(r: &TuneResult) -> Vec<String> {
 
 #[test]
 fn same_seed_same_schedules_for_every_strategy() {
-    for strategy in ["random", "ansor", "autotvm", "harl"] {
+    for strategy in ["random", "ansor", "autotvm", "harl", "harl-adaptive"] {
         let mk = || {
             vec![task(
                 "mm",
@@ -113,6 +113,25 @@ fn harl_elite_names_set_the_elite_fraction() {
     for bad in ["harl-elite101", "harl-elite", "harl-elitex", "harl-elite-5"] {
         assert!(strategy_by_name(bad, 0).is_none(), "{bad}");
     }
+}
+
+#[test]
+fn harl_adaptive_starts_as_harl_and_leaves_it_once_starts_are_credited() {
+    let mk = || {
+        vec![task(
+            "mm",
+            workloads::matmul(64, 64, 64).expect("matmul"),
+            1.0,
+        )]
+    };
+    // Until eight measured schedules of each start are credited, the share is harl's quarter.
+    assert_eq!(
+        chosen(&run("harl", 3, 24, mk())),
+        chosen(&run("harl-adaptive", 3, 24, mk()))
+    );
+    let (fixed, adaptive) = (run("harl", 3, 96, mk()), run("harl-adaptive", 3, 96, mk()));
+    assert_eq!(adaptive.trials, 96);
+    assert_ne!(chosen(&fixed), chosen(&adaptive));
 }
 
 #[test]

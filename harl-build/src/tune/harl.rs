@@ -12,7 +12,9 @@
 //!
 //! Deviations, stated: a quarter of an episode's tracks (`elite_fraction`) start from the sketch's best measured
 //! schedules rather than random fillings (without them HARL lost to Ansor's evolutionary search,
-//! which keeps its best in the population, on conv1d at 200 trials). XGBoost rank scores can be zero or negative, so the relative change is
+//! which keeps its best in the population, on conv1d at 200 trials); with `adaptive_start`
+//! (strategy `harl-adaptive`) the measured gains of each start set that share
+//! ([`crate::tune::track_start`]). XGBoost rank scores can be zero or negative, so the relative change is
 //! taken against `max(|C(s)|, σ)` with σ the spread of the episode's initial scores, and clipped
 //! to [-1, 1].
 
@@ -23,6 +25,7 @@ use crate::tune::rng::Rng;
 use crate::tune::search::{epsilon_greedy, Candidate, SearchStrategy, TaskState};
 use crate::tune::sketch::{Params, Sketch};
 use crate::tune::stopping::AdaptiveStopping;
+use crate::tune::track_start::{Origin, TrackStartCredit};
 use std::collections::{HashMap, HashSet};
 
 /// HARL's parameters (defaults: the paper's section 6.2 where it gives them).
@@ -37,6 +40,9 @@ pub struct HarlConfig {
     /// Fraction of an episode's tracks that start from the sketch's best measured schedules
     /// (the rest start from random fillings).
     pub elite_fraction: f64,
+    /// Let the measured gains of each track start set the elite share, starting from
+    /// `elite_fraction` ([`crate::tune::track_start`]); off by default (not yet shown to win).
+    pub adaptive_start: bool,
     /// Adaptive stopping window (λ).
     pub stop_window: usize,
     /// Adaptive stopping elimination ratio (ρ).
@@ -58,6 +64,7 @@ impl Default for HarlConfig {
             max_steps: 60,
             min_tracks: 4,
             elite_fraction: 0.25,
+            adaptive_start: false,
             stop_window: 20,
             stop_ratio: 0.5,
             sketch_window: 256,
@@ -191,6 +198,13 @@ struct TaskMemory {
     agents: HashMap<usize, SketchAgent>,
     /// Trials of the task already fed to the bandit.
     fed: usize,
+    /// The track start of each schedule proposed for measurement (adaptive start only).
+    origins: HashMap<Params, Origin>,
+    /// Measured gains per track start (adaptive start only).
+    credit: TrackStartCredit,
+    /// Trials already credited, and the task's best latency after them.
+    credited: usize,
+    credited_best: f64,
 }
 
 /// HARL's hierarchical search (one strategy among the others).
@@ -217,6 +231,7 @@ impl Default for Harl {
 
 struct Track {
     cand: Candidate,
+    origin: Origin,
     score: f64,
     transitions: Vec<Transition>,
 }
@@ -323,8 +338,18 @@ impl SearchStrategy for Harl {
             ),
             agents: HashMap::new(),
             fed: 0,
+            origins: HashMap::new(),
+            credit: TrackStartCredit::new(cfg.sketch_window, 8, (0.125, 0.75)),
+            credited: 0,
+            credited_best: f64::INFINITY,
         });
         feed_bandit(mem, state);
+        let elite_share = if cfg.adaptive_start {
+            credit_starts(mem, state);
+            mem.credit.elite_share(cfg.elite_fraction)
+        } else {
+            cfg.elite_fraction
+        };
         let u = mem.bandit.select(rng).min(state.sketches.len() - 1);
         let sketch = &state.sketches[u];
         let sa = mem.agents.entry(u).or_insert_with(|| {
@@ -338,14 +363,14 @@ impl SearchStrategy for Harl {
                 layout,
             }
         });
-        let mut visited: Vec<(f64, Candidate)> = Vec::new();
+        let mut visited: Vec<(f64, Candidate, Origin)> = Vec::new();
         let mut seen: HashSet<Params> = HashSet::new();
         // Phase 1: an episode of parameter modifications.
         let mut tracks: Vec<Track> = Vec::new();
         // Some tracks (a quarter by default) start from the sketch's best measured schedules (the
         // rest from random fillings, as the paper's): without them every episode restarts from
         // scratch.
-        let n_elite = ((cfg.tracks as f64) * cfg.elite_fraction.clamp(0.0, 1.0)) as usize;
+        let n_elite = ((cfg.tracks as f64) * elite_share.clamp(0.0, 1.0)) as usize;
         let elite = state
             .top_measured(cfg.tracks)
             .into_iter()
@@ -355,6 +380,7 @@ impl SearchStrategy for Harl {
         for c in elite {
             tracks.push(Track {
                 cand: c,
+                origin: Origin::Elite,
                 score: 0.0,
                 transitions: Vec::new(),
             });
@@ -367,6 +393,7 @@ impl SearchStrategy for Harl {
             if let Some(c) = state.candidate(p) {
                 tracks.push(Track {
                     cand: c,
+                    origin: Origin::Random,
                     score: 0.0,
                     transitions: Vec::new(),
                 });
@@ -380,7 +407,7 @@ impl SearchStrategy for Harl {
         for (t, s) in tracks.iter_mut().zip(&initial) {
             t.score = *s;
             if seen.insert(t.cand.params.clone()) {
-                visited.push((*s, t.cand.clone()));
+                visited.push((*s, t.cand.clone(), t.origin));
             }
         }
         let mut stopping = AdaptiveStopping::new(
@@ -418,7 +445,7 @@ impl SearchStrategy for Harl {
                 tracks[i].cand = c;
                 tracks[i].score = *s;
                 if seen.insert(tracks[i].cand.params.clone()) {
-                    visited.push((*s, tracks[i].cand.clone()));
+                    visited.push((*s, tracks[i].cand.clone(), tracks[i].origin));
                 }
             }
             let after: Vec<Vec<f32>> = alive.iter().map(|&i| encode(&tracks[i])).collect();
@@ -440,8 +467,21 @@ impl SearchStrategy for Harl {
         }
         // Phase 2: the top-K visited schedules by predicted score, not measured before.
         visited.sort_by(|a, b| b.0.partial_cmp(&a.0).unwrap_or(std::cmp::Ordering::Equal));
-        let pool = visited.into_iter().map(|(_, c)| c).collect();
-        epsilon_greedy(state, pool, batch, cfg.eps_greedy, rng)
+        let origin_of: HashMap<Params, Origin> = visited
+            .iter()
+            .map(|(_, c, o)| (c.params.clone(), *o))
+            .collect();
+        let pool = visited.into_iter().map(|(_, c, _)| c).collect();
+        let proposed = epsilon_greedy(state, pool, batch, cfg.eps_greedy, rng);
+        if cfg.adaptive_start {
+            // The epsilon-greedy random picks come from no track and are not credited.
+            for c in &proposed {
+                if let Some(o) = origin_of.get(&c.params) {
+                    mem.origins.insert(c.params.clone(), *o);
+                }
+            }
+        }
+        proposed
     }
 }
 
@@ -472,6 +512,26 @@ fn feed_bandit(mem: &mut TaskMemory, state: &TaskState) {
         }
     }
     mem.fed = state.trials.len();
+}
+
+/// Credits every trial measured since the last round to its track's start: its gain is
+/// `ln(best before it / its latency)`, 0 when it was slower (or the first success).
+fn credit_starts(mem: &mut TaskMemory, state: &TaskState) {
+    for t in &state.trials[mem.credited.min(state.trials.len())..] {
+        let Some(latency) = t.latency_s else {
+            continue;
+        };
+        let gain = if mem.credited_best.is_finite() {
+            (mem.credited_best / latency).ln()
+        } else {
+            0.0
+        };
+        if let Some(origin) = mem.origins.remove(&t.candidate.params) {
+            mem.credit.observe(origin, gain);
+        }
+        mem.credited_best = mem.credited_best.min(latency);
+    }
+    mem.credited = state.trials.len();
 }
 
 fn predict<'a>(model: &dyn CostModel, cands: impl Iterator<Item = &'a Candidate>) -> Vec<f64> {

@@ -20,4 +20,5 @@ pub mod search;
 pub mod sketch;
 pub mod stopping;
 pub mod task_scheduler;
+pub mod track_start;
 pub mod tuner;

@@ -173,7 +173,8 @@ pub const STRATEGY_NAMES: &str = "harl, ansor, autotvm, random";
 /// (annealing) or `random`. `harl-elite<P>` is HARL with `P` percent of its tracks started
 /// from the best measured schedules (an ablation; `harl` is `harl-elite25`). `seed` seeds what
 /// a strategy initialises on its own (HARL's networks); every other random decision comes from
-/// the tuner's generator.
+/// the tuner's generator. `harl-adaptive` is HARL whose elite share follows the measured gains
+/// of each track start (an experiment, see [`crate::tune::track_start`]).
 pub fn strategy_by_name(name: &str, seed: u64) -> Option<Box<dyn SearchStrategy>> {
     let harl = |elite_fraction: Option<f64>| -> Option<Box<dyn SearchStrategy>> {
         let mut config = crate::tune::harl::HarlConfig::default();
@@ -183,6 +184,12 @@ pub fn strategy_by_name(name: &str, seed: u64) -> Option<Box<dyn SearchStrategy>
         }
         Some(Box::new(crate::tune::harl::Harl::new(config)))
     };
+    if name == "harl-adaptive" {
+        let mut config = crate::tune::harl::HarlConfig::default();
+        config.ppo.seed = seed;
+        config.adaptive_start = true;
+        return Some(Box::new(crate::tune::harl::Harl::new(config)));
+    }
     if let Some(pct) = name.strip_prefix("harl-elite") {
         return match pct.parse::<u32>() {
             Ok(p) if p <= 100 => harl(Some(f64::from(p) / 100.0)),
