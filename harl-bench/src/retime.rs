@@ -134,26 +134,46 @@ pub fn run(dir: &Path, rounds: usize) -> Result<(), Error> {
     }
     let gflops = |l: Option<f64>| l.map(|l| flops / l / 1e9);
     let f1 = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{x:.1}"));
-    println!("| strategy | seed | searched GFLOP/s | re-timed GFLOP/s (median of {rounds}) |\n|---|---|---|---|");
+    println!("| strategy | seed | searched GFLOP/s | re-timed GFLOP/s (median of {rounds}) | re-timed range |\n|---|---|---|---|---|");
+    // Slowest and fastest timing of a schedule, as GFLOP/s.
+    let range = |l: &[f64]| {
+        let lo = l
+            .iter()
+            .copied()
+            .filter(|x| x.is_finite())
+            .fold(f64::INFINITY, f64::min);
+        let hi = l
+            .iter()
+            .copied()
+            .filter(|x| x.is_finite())
+            .fold(0.0, f64::max);
+        (hi > 0.0).then(|| (flops / hi / 1e9, flops / lo / 1e9))
+    };
+    let fr = |r: Option<(f64, f64)>| r.map_or("-".to_string(), |(a, b)| format!("{a:.1}-{b:.1}"));
     let mut per_strategy: BTreeMap<&str, (Vec<f64>, Vec<f64>)> = BTreeMap::new();
     let mut rows = Vec::new();
     for (w, l) in winners.iter().zip(&latencies) {
         let (searched, retimed) = (gflops(Some(w.searched_s)), gflops(median(l)));
         println!(
-            "| {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} |",
             w.strategy,
             w.seed,
             f1(searched),
-            f1(retimed)
+            f1(retimed),
+            fr(range(l))
         );
         let e = per_strategy.entry(&w.strategy).or_default();
         e.0.extend(searched);
         e.1.push(retimed.unwrap_or(f64::NAN));
         rows.push(json!({ "strategy": w.strategy, "seed": w.seed,
-            "searched_gflops": searched, "retimed_gflops": retimed, "runs": l.len() }));
+            "searched_gflops": searched, "retimed_gflops": retimed, "latencies_s": l }));
     }
     let default = gflops(median(&latencies[n - 1]));
-    println!("| default schedule | - | - | {} |", f1(default));
+    println!(
+        "| default schedule | - | - | {} | {} |",
+        f1(default),
+        fr(range(&latencies[n - 1]))
+    );
     let base = per_strategy.get(baseline).and_then(|(_, r)| median(r));
     let mut summary = serde_json::Map::new();
     println!("\n| strategy | searched GFLOP/s (median over seeds) | re-timed | re-timed / {baseline} re-timed |\n|---|---|---|---|");
