@@ -5,10 +5,9 @@
 //! batch a candidate was timed.
 
 use crate::suite;
-use crate::tune::{full_measurer, host_target};
+use crate::tune::{host_target, measure_rotating};
 use crate::Error;
 use harl_build::default_schedule::default_schedule;
-use harl_build::tune::measure::Candidate;
 use harl_build::tune::sketch::generate_sketches;
 
 /// Times the default schedule (twice) and the sketches' default points, `rounds` rounds; with
@@ -37,20 +36,8 @@ pub fn run(
     if let Some(dir) = emit {
         write_sources(dir, &graph, &named)?;
     }
-    let n = named.len();
-    let mut latencies = vec![Vec::new(); n];
-    for round in 0..rounds.max(1) {
-        // Rotate so that every schedule is timed at every position of the batch.
-        let order: Vec<usize> = (0..n).map(|k| (k + round) % n).collect();
-        let batch: Vec<Candidate> = order
-            .iter()
-            .map(|&k| Candidate::Schedule(named[k].1.clone()))
-            .collect();
-        let mut m = full_measurer(threads, round as u64)?;
-        for (pos, r) in m.measure(&graph, &batch).into_iter().enumerate() {
-            latencies[order[pos]].extend(r.latency_s);
-        }
-    }
+    let schedules: Vec<_> = named.iter().map(|(_, s)| s.clone()).collect();
+    let latencies = measure_rotating(&graph, &schedules, threads, rounds)?;
     let flops = graph.flops();
     println!("| schedule | median GFLOP/s | min | max | runs |\n|---|---|---|---|---|");
     for ((name, _), mut l) in named.into_iter().zip(latencies) {

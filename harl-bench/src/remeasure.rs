@@ -62,7 +62,9 @@ pub fn run(dir: &Path, threads: usize, rounds: usize) -> Result<(), Error> {
     Ok(())
 }
 
-fn median(v: &[f64]) -> Option<f64> {
+/// The median of the finite values (the upper one of an even count), `None` when there are
+/// none.
+pub(crate) fn median(v: &[f64]) -> Option<f64> {
     let mut v: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
     v.sort_by(f64::total_cmp);
     v.get(v.len() / 2).copied()

@@ -8,12 +8,12 @@
 //! files that keep `best_params` (written since `compare` keeps them). Prints a markdown table
 //! and writes `DIR/retime.json`.
 
+use crate::remeasure::median;
 use crate::suite;
-use crate::tune::{full_measurer, host_target};
+use crate::tune::{host_target, measure_rotating};
 use crate::Error;
 use harl_build::default_schedule::default_schedule;
 use harl_build::schedule::Schedule;
-use harl_build::tune::measure::Candidate;
 use harl_build::tune::sketch::{generate_sketches, Params};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -90,13 +90,6 @@ fn winners(dir: &Path, graph: &harl_te::Graph, threads: usize) -> Result<Vec<Win
     Ok(out)
 }
 
-/// The median of the finite values, `None` when there are none.
-fn median(v: &[f64]) -> Option<f64> {
-    let mut v: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied()
-}
-
 /// Re-times the winners of `dir` (one `compare --workload` directory), `rounds` rounds.
 pub fn run(dir: &Path, rounds: usize) -> Result<(), Error> {
     let report: Value = serde_json::from_str(
@@ -119,19 +112,7 @@ pub fn run(dir: &Path, rounds: usize) -> Result<(), Error> {
     let mut schedules: Vec<Schedule> = winners.iter().map(|w| w.schedule.clone()).collect();
     schedules.push(default_schedule(&graph, &host_target(threads)));
     let n = schedules.len();
-    let mut latencies = vec![Vec::new(); n];
-    for round in 0..rounds.max(1) {
-        // Every schedule at every position of the batch over the rounds.
-        let order: Vec<usize> = (0..n).map(|k| (k + round) % n).collect();
-        let batch: Vec<Candidate> = order
-            .iter()
-            .map(|&k| Candidate::Schedule(schedules[k].clone()))
-            .collect();
-        let mut m = full_measurer(threads, round as u64)?;
-        for (pos, r) in m.measure(&graph, &batch).into_iter().enumerate() {
-            latencies[order[pos]].extend(r.latency_s);
-        }
-    }
+    let latencies = measure_rotating(&graph, &schedules, threads, rounds)?;
     let gflops = |l: Option<f64>| l.map(|l| flops / l / 1e9);
     let f1 = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{x:.1}"));
     println!("| strategy | seed | searched GFLOP/s | re-timed GFLOP/s (median of {rounds}) | re-timed range |\n|---|---|---|---|---|");

@@ -150,21 +150,24 @@ pub fn compare_table(dir: &Path, strategy: &str) -> Result<String, Error> {
             cell(base, "wall_s", 0),
         ));
     }
-    let geo = |l: &Vec<f64>| {
-        (!l.is_empty()).then(|| {
-            format!(
-                "{:.2} (of {})",
-                (l.iter().sum::<f64>() / l.len() as f64).exp(),
-                l.len()
-            )
-        })
-    };
-    let g: Vec<String> = logs.iter().map(|l| geo(l).unwrap_or("-".into())).collect();
+    let g: Vec<String> = logs.iter().map(|l| geo_mean_cell(l)).collect();
     out.push_str(&format!(
         "| geometric mean | | | | | {} | | | {} | | | {} | | |\n",
         g[0], g[1], g[2]
     ));
     Ok(out)
+}
+
+/// The geometric mean of ratios given as logarithms, with their count; `-` when there are none.
+fn geo_mean_cell(logs: &[f64]) -> String {
+    if logs.is_empty() {
+        return "-".to_string();
+    }
+    format!(
+        "{:.2} (of {})",
+        (logs.iter().sum::<f64>() / logs.len() as f64).exp(),
+        logs.len()
+    )
 }
 
 /// (strategy, seed) -> (trial, best latency so far) points, in trial order.
@@ -266,20 +269,7 @@ pub fn budget_table(dir: &Path, strategy: &str, budgets: &[usize]) -> Result<Str
             cells.join(" | ")
         ));
     }
-    let geo: Vec<String> = logs
-        .iter()
-        .map(|l| {
-            if l.is_empty() {
-                "-".to_string()
-            } else {
-                format!(
-                    "{:.2} (of {})",
-                    (l.iter().sum::<f64>() / l.len() as f64).exp(),
-                    l.len()
-                )
-            }
-        })
-        .collect();
+    let geo: Vec<String> = logs.iter().map(|l| geo_mean_cell(l)).collect();
     out.push_str(&format!("| geometric mean | {} |\n", geo.join(" | ")));
     Ok(out)
 }

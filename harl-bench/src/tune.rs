@@ -213,6 +213,30 @@ pub fn measure_schedules(
     Ok([lat(0), lat(1)])
 }
 
+/// Every latency of each schedule over `rounds` batches (at least one), each batch measured in
+/// full by a fresh measurer and rotated so that every schedule is timed at every position.
+pub fn measure_rotating(
+    graph: &Graph,
+    schedules: &[Schedule],
+    threads: usize,
+    rounds: usize,
+) -> Result<Vec<Vec<f64>>, Error> {
+    let n = schedules.len();
+    let mut latencies = vec![Vec::new(); n];
+    for round in 0..rounds.max(1) {
+        let order: Vec<usize> = (0..n).map(|k| (k + round) % n).collect();
+        let batch: Vec<Candidate> = order
+            .iter()
+            .map(|&k| Candidate::Schedule(schedules[k].clone()))
+            .collect();
+        let mut m = full_measurer(threads, round as u64)?;
+        for (pos, r) in m.measure(graph, &batch).into_iter().enumerate() {
+            latencies[order[pos]].extend(r.latency_s);
+        }
+    }
+    Ok(latencies)
+}
+
 /// Median latency of the untuned default schedule, measured like a trial.
 fn measure_default(graph: &Graph, threads: usize, seed: u64) -> Result<Option<f64>, Error> {
     let schedule = default_schedule(graph, &host_target(threads));

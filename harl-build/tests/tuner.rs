@@ -60,6 +60,15 @@ fn task(name: &str, graph: Graph, weight: f64) -> Task {
     }
 }
 
+/// One 64^3 matmul task.
+fn matmul_64() -> Vec<Task> {
+    vec![task(
+        "mm",
+        workloads::matmul(64, 64, 64).expect("matmul"),
+        1.0,
+    )]
+}
+
 fn chosen(r: &TuneResult) -> Vec<String> {
     r.tasks
         .iter()
@@ -74,16 +83,9 @@ fn chosen(r: &TuneResult) -> Vec<String> {
 #[test]
 fn same_seed_same_schedules_for_every_strategy() {
     for strategy in ["random", "ansor", "autotvm", "harl", "harl-adaptive"] {
-        let mk = || {
-            vec![task(
-                "mm",
-                workloads::matmul(64, 64, 64).expect("matmul"),
-                1.0,
-            )]
-        };
-        let a = run(strategy, 7, 24, mk());
-        let b = run(strategy, 7, 24, mk());
-        let c = run(strategy, 8, 24, mk());
+        let a = run(strategy, 7, 24, matmul_64());
+        let b = run(strategy, 7, 24, matmul_64());
+        let c = run(strategy, 8, 24, matmul_64());
         assert_eq!(a.trials, 24, "{strategy}");
         assert_eq!(
             chosen(&a),
@@ -96,19 +98,12 @@ fn same_seed_same_schedules_for_every_strategy() {
 
 #[test]
 fn harl_elite_names_set_the_elite_fraction() {
-    let mk = || {
-        vec![task(
-            "mm",
-            workloads::matmul(64, 64, 64).expect("matmul"),
-            1.0,
-        )]
-    };
     // `harl` starts a quarter of its tracks from the best measured: `harl-elite25` is it.
     assert_eq!(
-        chosen(&run("harl", 3, 24, mk())),
-        chosen(&run("harl-elite25", 3, 24, mk()))
+        chosen(&run("harl", 3, 24, matmul_64())),
+        chosen(&run("harl-elite25", 3, 24, matmul_64()))
     );
-    let all_elite = run("harl-elite100", 3, 24, mk());
+    let all_elite = run("harl-elite100", 3, 24, matmul_64());
     assert_eq!(all_elite.trials, 24);
     for bad in ["harl-elite101", "harl-elite", "harl-elitex", "harl-elite-5"] {
         assert!(strategy_by_name(bad, 0).is_none(), "{bad}");
@@ -117,19 +112,15 @@ fn harl_elite_names_set_the_elite_fraction() {
 
 #[test]
 fn harl_adaptive_starts_as_harl_and_leaves_it_once_starts_are_credited() {
-    let mk = || {
-        vec![task(
-            "mm",
-            workloads::matmul(64, 64, 64).expect("matmul"),
-            1.0,
-        )]
-    };
     // Until eight measured schedules of each start are credited, the share is harl's quarter.
     assert_eq!(
-        chosen(&run("harl", 3, 24, mk())),
-        chosen(&run("harl-adaptive", 3, 24, mk()))
+        chosen(&run("harl", 3, 24, matmul_64())),
+        chosen(&run("harl-adaptive", 3, 24, matmul_64()))
     );
-    let (fixed, adaptive) = (run("harl", 3, 96, mk()), run("harl-adaptive", 3, 96, mk()));
+    let (fixed, adaptive) = (
+        run("harl", 3, 96, matmul_64()),
+        run("harl-adaptive", 3, 96, matmul_64()),
+    );
     assert_eq!(adaptive.trials, 96);
     assert_ne!(chosen(&fixed), chosen(&adaptive));
 }

@@ -467,18 +467,21 @@ impl SearchStrategy for Harl {
         }
         // Phase 2: the top-K visited schedules by predicted score, not measured before.
         visited.sort_by(|a, b| b.0.partial_cmp(&a.0).unwrap_or(std::cmp::Ordering::Equal));
-        let origin_of: HashMap<Params, Origin> = visited
-            .iter()
-            .map(|(_, c, o)| (c.params.clone(), *o))
-            .collect();
+        // Only the adaptive start needs each proposal's origin; the epsilon-greedy random
+        // picks come from no track and are not credited.
+        let origin_of: HashMap<Params, Origin> = if cfg.adaptive_start {
+            visited
+                .iter()
+                .map(|(_, c, o)| (c.params.clone(), *o))
+                .collect()
+        } else {
+            HashMap::new()
+        };
         let pool = visited.into_iter().map(|(_, c, _)| c).collect();
         let proposed = epsilon_greedy(state, pool, batch, cfg.eps_greedy, rng);
-        if cfg.adaptive_start {
-            // The epsilon-greedy random picks come from no track and are not credited.
-            for c in &proposed {
-                if let Some(o) = origin_of.get(&c.params) {
-                    mem.origins.insert(c.params.clone(), *o);
-                }
+        for c in &proposed {
+            if let Some(o) = origin_of.get(&c.params) {
+                mem.origins.insert(c.params.clone(), *o);
             }
         }
         proposed

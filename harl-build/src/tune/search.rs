@@ -176,28 +176,24 @@ pub const STRATEGY_NAMES: &str = "harl, ansor, autotvm, random";
 /// the tuner's generator. `harl-adaptive` is HARL whose elite share follows the measured gains
 /// of each track start (an experiment, see [`crate::tune::track_start`]).
 pub fn strategy_by_name(name: &str, seed: u64) -> Option<Box<dyn SearchStrategy>> {
-    let harl = |elite_fraction: Option<f64>| -> Option<Box<dyn SearchStrategy>> {
-        let mut config = crate::tune::harl::HarlConfig::default();
-        config.ppo.seed = seed;
-        if let Some(f) = elite_fraction {
-            config.elite_fraction = f;
-        }
-        Some(Box::new(crate::tune::harl::Harl::new(config)))
-    };
+    let harl =
+        |adjust: &dyn Fn(&mut crate::tune::harl::HarlConfig)| -> Option<Box<dyn SearchStrategy>> {
+            let mut config = crate::tune::harl::HarlConfig::default();
+            config.ppo.seed = seed;
+            adjust(&mut config);
+            Some(Box::new(crate::tune::harl::Harl::new(config)))
+        };
     if name == "harl-adaptive" {
-        let mut config = crate::tune::harl::HarlConfig::default();
-        config.ppo.seed = seed;
-        config.adaptive_start = true;
-        return Some(Box::new(crate::tune::harl::Harl::new(config)));
+        return harl(&|c| c.adaptive_start = true);
     }
     if let Some(pct) = name.strip_prefix("harl-elite") {
         return match pct.parse::<u32>() {
-            Ok(p) if p <= 100 => harl(Some(f64::from(p) / 100.0)),
+            Ok(p) if p <= 100 => harl(&|c| c.elite_fraction = f64::from(p) / 100.0),
             _ => None,
         };
     }
     match name {
-        "harl" => harl(None),
+        "harl" => harl(&|_| {}),
         "random" => Some(Box::new(RandomSearch)),
         "ansor" | "evolutionary" => Some(Box::new(Evolutionary::default())),
         "autotvm" | "annealing" => Some(Box::new(Annealing::default())),
