@@ -9,7 +9,9 @@
 //! best; the baseline is `ansor` when it is in the list, else the first strategy),
 //! `DIR/curves.csv` and `DIR/curves.svg`. A network run tunes the tasks of one BERT-base
 //! encoder layer (sequence 128) with their weights under each task scheduler and writes the
-//! trial allocation per task to `DIR/network.json`.
+//! trial allocation per task to `DIR/network.json`. A workload run ends with `compare-retime`
+//! over its winners (`--retime R` rounds, default 5, 0 for none), which writes
+//! `DIR/retime.json`.
 
 use crate::suite;
 use crate::tune::{run_tasks, RunSpec};
@@ -43,6 +45,8 @@ pub struct Options {
     pub out: PathBuf,
     /// Measure the default-like schedules first (off with `--no-default-seed`).
     pub seed_default: bool,
+    /// Rounds of `compare-retime` run over the winners once the runs are done (0: none).
+    pub retime_rounds: usize,
 }
 
 impl Options {
@@ -73,6 +77,7 @@ pub fn parse(args: &[String]) -> Result<Options, Error> {
         batch: 16,
         out: PathBuf::from("compare-out"),
         seed_default: true,
+        retime_rounds: 5,
     };
     let mut it = args.iter();
     let list = |v: &str| {
@@ -102,6 +107,7 @@ pub fn parse(args: &[String]) -> Result<Options, Error> {
             "--threads" => o.threads = value.parse()?,
             "--batch" => o.batch = value.parse()?,
             "--out" => o.out = value.into(),
+            "--retime" => o.retime_rounds = value.parse()?,
             other => return Err(format!("compare: unknown argument `{other}`").into()),
         }
     }
@@ -367,6 +373,12 @@ fn compare_workload(o: &Options, name: &str) -> Result<(), Error> {
         .collect();
     plot(o, &workload.name, flops, &curves)?;
     println!("{}", serde_json::to_string_pretty(&report["strategies"])?);
+    // Each run's final figure is its luckiest timing, taken hours apart from the other
+    // strategy's; the winners timed again side by side are what the ratio should rest on.
+    if o.retime_rounds > 0 {
+        println!("\nthe winners timed again, {} rounds:", o.retime_rounds);
+        crate::retime::run(&o.out, o.retime_rounds)?;
+    }
     Ok(())
 }
 

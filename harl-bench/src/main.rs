@@ -44,7 +44,10 @@ usage: harl-bench [spine] [--json PATH]
                tune one workload (suite name or spec, see `list`) with random | ansor |
                autotvm; writes DIR/summary.json and DIR/curve.csv
   compare --workload W --strategies harl,ansor,random --trials N --seeds 0,1,2 --out DIR
-               strategies on the same workload and seeds; compare.json, curves.csv, curves.svg
+          [--retime R]
+               strategies on the same workload and seeds; compare.json, curves.csv, curves.svg;
+               then the winners timed again side by side, R rounds (default 5, 0: none),
+               as compare-retime does; retime.json
   compare --network bert --schedulers harl,gradient --trials N --seeds 0 --out DIR
                task allocation on one BERT-base encoder layer; network.json
   model-eval FILES...
@@ -56,7 +59,8 @@ usage: harl-bench [spine] [--json PATH]
                one markdown table from DIR/*/summary.json (see scripts/suite.sh)
   compare-summary DIR [--strategy S] [--budgets 64,128,...]
                one markdown table from DIR/*/compare.json: S (default harl) against the
-               baseline, medians over seeds, geometric means (see scripts/compare-suite.sh);
+               baseline, medians over seeds, geometric means, the re-timed ratio where a
+               retime.json is (see scripts/compare-suite.sh);
                --budgets adds a table of S's GFLOP/s over the baseline's within each budget
   compare-retime DIR [--rounds R]
                time the best schedule of every saved run of one compare directory again,

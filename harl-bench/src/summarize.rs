@@ -96,9 +96,9 @@ pub fn compare_table(dir: &Path, strategy: &str) -> Result<String, Error> {
         return Err(format!("no */compare.json under {}", dir.display()).into());
     }
     let mut out = format!(
-        "| workload | seeds | trials | {strategy} GFLOP/s | baseline GFLOP/s | final ratio | {strategy} trials to baseline best | baseline trials | trials ratio | {strategy} trials to 99% | baseline trials to 99% | 99% ratio | {strategy} wall s | baseline wall s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "| workload | seeds | trials | {strategy} GFLOP/s | baseline GFLOP/s | final ratio | re-timed ratio | {strategy} trials to baseline best | baseline trials | trials ratio | {strategy} trials to 99% | baseline trials to 99% | 99% ratio | {strategy} wall s | baseline wall s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     );
-    let mut logs: [Vec<f64>; 3] = Default::default();
+    let mut logs: [Vec<f64>; 4] = Default::default();
     for (path, v) in files {
         let base_name = v["baseline"].as_str().unwrap_or("ansor");
         let (ours, base) = (&v["strategies"][strategy], &v["strategies"][base_name]);
@@ -126,48 +126,81 @@ pub fn compare_table(dir: &Path, strategy: &str) -> Result<String, Error> {
             pair("trials_to_reach_baseline"),
             pair("trials_to_reach_99pct_baseline"),
         );
-        let ratios = [ratio(fin), ratio(reach), ratio(near)];
+        let retimed = retimed_ratio(&path.with_file_name("retime.json"), strategy)?;
+        let ratios = [ratio(fin), retimed, ratio(reach), ratio(near)];
         for (log, r) in logs.iter_mut().zip(ratios) {
             if let Some(r) = r {
                 log.push(r.ln());
             }
         }
         out.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             v["workload"].as_str().unwrap_or("?"),
             v["seeds"].as_array().map_or(0, Vec::len),
             v["trials"],
             cell(ours, "final_gflops", 1),
             cell(base, "final_gflops", 1),
             rcell("final_gflops", ratios[0]),
+            retimed.map_or("-".to_string(), |r| format!("{r:.2}")),
             cell(ours, "trials_to_reach_baseline", 0),
             cell(base, "trials_to_reach_baseline", 0),
-            rcell("trials_to_reach_baseline", ratios[1]),
+            rcell("trials_to_reach_baseline", ratios[2]),
             cell(ours, "trials_to_reach_99pct_baseline", 0),
             cell(base, "trials_to_reach_99pct_baseline", 0),
-            rcell("trials_to_reach_99pct_baseline", ratios[2]),
+            rcell("trials_to_reach_99pct_baseline", ratios[3]),
             cell(ours, "wall_s", 0),
             cell(base, "wall_s", 0),
         ));
     }
     let g: Vec<String> = logs.iter().map(|l| geo_mean_cell(l)).collect();
     out.push_str(&format!(
-        "| geometric mean | | | | | {} | | | {} | | | {} | | |\n",
-        g[0], g[1], g[2]
+        "| geometric mean | | | | | {} | {} | | | {} | | | {} | | |\n",
+        g[0], g[1], g[2], g[3]
     ));
     Ok(out)
 }
 
-/// The geometric mean of ratios given as logarithms, with their count; `-` when there are none.
+/// `strategy`'s re-timed ratio to the baseline in a `retime.json` (as `compare-retime` writes
+/// it); `None` when the file is absent or has no ratio for it.
+fn retimed_ratio(path: &Path, strategy: &str) -> Result<Option<f64>, Error> {
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(path)?)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(v["strategies"][strategy]["retimed_ratio_to_baseline"].as_f64())
+}
+
+/// The geometric mean of ratios given as logarithms, with their count and, from three ratios
+/// on, a 95% confidence interval (Student's t on the logarithms): whether a mean ratio of a few
+/// percent over a handful of workloads says anything. `-` when there are none.
 fn geo_mean_cell(logs: &[f64]) -> String {
-    if logs.is_empty() {
+    let n = logs.len();
+    if n == 0 {
         return "-".to_string();
     }
+    let mean = logs.iter().sum::<f64>() / n as f64;
+    if n < 3 {
+        return format!("{:.2} (of {n})", mean.exp());
+    }
+    let var = logs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
+    let half = t_975(n - 1) * (var / n as f64).sqrt();
     format!(
-        "{:.2} (of {})",
-        (logs.iter().sum::<f64>() / logs.len() as f64).exp(),
-        logs.len()
+        "{:.2} (of {n}; 95% CI {:.2}-{:.2})",
+        mean.exp(),
+        (mean - half).exp(),
+        (mean + half).exp()
     )
+}
+
+/// The 97.5% quantile of Student's t with `df` degrees of freedom (the normal's past 30).
+fn t_975(df: usize) -> f64 {
+    const T: [f64; 30] = [
+        12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
+        2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
+        2.052, 2.048, 2.045, 2.042,
+    ];
+    T.get(df.max(1) - 1).copied().unwrap_or(1.96)
 }
 
 /// (strategy, seed) -> (trial, best latency so far) points, in trial order.
@@ -318,29 +351,52 @@ mod tests {
             r#"{"final_gflops":90.0,"trials_to_reach_baseline":null,"trials_to_reach_99pct_baseline":800,"wall_s":50}"#,
             r#"{"final_gflops":100.0,"trials_to_reach_baseline":500,"trials_to_reach_99pct_baseline":200,"wall_s":60}"#,
         );
+        std::fs::write(
+            dir.join("a").join("retime.json"),
+            r#"{"baseline":"ansor","strategies":{"harl":{"retimed_ratio_to_baseline":1.21},"ansor":{"retimed_ratio_to_baseline":1.0}}}"#,
+        )
+        .expect("write");
         let t = compare_table(&dir, "harl").expect("table");
         let missing = compare_table(&dir, "random");
         let _ = std::fs::remove_dir_all(&dir);
         assert!(
             t.contains(
-                "| a | 3 | 1000 | 110.0 | 100.0 | 1.10 | 200 | 800 | 0.25 | 100 | 400 | 0.25 |"
+                "| a | 3 | 1000 | 110.0 | 100.0 | 1.10 | 1.21 | 200 | 800 | 0.25 | 100 | 400 | 0.25 |"
             ),
             "{t}"
         );
         assert!(
             t.contains(
-                "| b | 3 | 1000 | 90.0 | 100.0 | 0.90 | never | 500 | never | 800 | 200 | 4.00 |"
+                "| b | 3 | 1000 | 90.0 | 100.0 | 0.90 | - | never | 500 | never | 800 | 200 | 4.00 |"
             ),
             "{t}"
         );
-        // sqrt(1.1 * 0.9) = 0.99; the trials ratio only where HARL got there; sqrt(0.25 * 4) = 1.
+        // sqrt(1.1 * 0.9) = 0.99; re-timed only where a retime.json is; the trials ratio only
+        // where HARL got there; sqrt(0.25 * 4) = 1.
         assert!(
             t.contains(
-                "| geometric mean | | | | | 0.99 (of 2) | | | 0.25 (of 1) | | | 1.00 (of 2) |"
+                "| geometric mean | | | | | 0.99 (of 2) | 1.21 (of 1) | | | 0.25 (of 1) | | | 1.00 (of 2) |"
             ),
             "{t}"
         );
         assert!(missing.is_err());
+    }
+
+    #[test]
+    fn geometric_means_get_a_t_interval_from_three_ratios() {
+        assert_eq!(geo_mean_cell(&[]), "-");
+        assert_eq!(geo_mean_cell(&[1.1f64.ln(), 0.9f64.ln()]), "0.99 (of 2)");
+        // Ratios 1, 1.1, 1.21: mean log ln 1.1, standard deviation ln 1.1, half-width
+        // 4.303 * ln 1.1 / sqrt 3 = 0.2368 -> exp(ln 1.1 -/+ 0.2368) = 0.87, 1.39.
+        let logs = [1.0f64.ln(), 1.1f64.ln(), 1.21f64.ln()];
+        assert_eq!(geo_mean_cell(&logs), "1.10 (of 3; 95% CI 0.87-1.39)");
+        // Identical ratios: no spread, a zero-width interval.
+        assert_eq!(
+            geo_mean_cell(&[0.5f64.ln(); 4]),
+            "0.50 (of 4; 95% CI 0.50-0.50)"
+        );
+        assert_eq!(t_975(1), 12.706);
+        assert_eq!(t_975(100), 1.96);
     }
 
     #[test]

@@ -14,8 +14,15 @@ use crate::loop_ir::{LoopKind, Nest, Program, Stmt};
 use harl_te::{BinaryOp, DType, Expr, Graph, ReduceOp, TensorRef, UnaryOp};
 use std::fmt::Write;
 
-/// Loops at most this long that are marked unrolled are unrolled in the source itself.
+/// Loops at most this long that are marked unrolled are unrolled in the source itself...
 const SOURCE_UNROLL_MAX: usize = 16;
+
+/// ...while their copies of the body stay within this many bytes of source; a longer loop
+/// stays a loop (LLVM may still unroll it). Nested unrolled loops multiply: 512 copies of a
+/// transposed convolution's predicated body came to 1 MB of source per candidate, and a
+/// batch of such candidates ran past the measurer's 10-minute build limit (2026-12-01). The
+/// innermost loops are expanded first, as they matter most for register tiles.
+const SOURCE_UNROLL_BYTES: usize = 64 * 1024;
 
 const X86: &str = "#[cfg(any(target_arch = \"x86\", target_arch = \"x86_64\"))]";
 
@@ -205,18 +212,26 @@ fn emit_variant(out: &mut String, v: &VariantProgram, meta: &KernelMeta) {
     }
     out.push_str("}\n");
     for (n, nest) in p.nests.iter().enumerate() {
-        emit_nest(out, p, n, nest, var);
+        emit_nest(out, p, n, nest, var, SOURCE_UNROLL_BYTES);
     }
     emit_variant_run(out, p, meta);
     out.push_str("}\n");
 }
 
-fn emit_nest(out: &mut String, p: &Program, n: usize, nest: &Nest, var: Variant) {
+fn emit_nest(
+    out: &mut String,
+    p: &Program,
+    n: usize,
+    nest: &Nest,
+    var: Variant,
+    unroll_bytes: usize,
+) {
     let mut cx = Cx {
         p,
         out: String::new(),
         depth: 1,
         stage: nest.stage,
+        unroll_bytes,
     };
     match nest.body.as_slice() {
         [Stmt::For {
@@ -385,6 +400,8 @@ struct Cx<'a> {
     out: String,
     depth: usize,
     stage: usize,
+    /// Most bytes of source one unrolled loop may expand to ([`SOURCE_UNROLL_BYTES`]).
+    unroll_bytes: usize,
 }
 
 impl Cx<'_> {
@@ -410,19 +427,25 @@ impl Cx<'_> {
                 kind,
                 body,
             } => {
-                if *kind == LoopKind::Unrolled && *extent <= SOURCE_UNROLL_MAX {
+                // The body's text does not depend on the iteration (each copy binds `v{var}`
+                // itself), so it is emitted once and copied.
+                let outer = std::mem::take(&mut self.out);
+                self.depth += 1;
+                self.stmts(body);
+                self.depth -= 1;
+                let text = std::mem::replace(&mut self.out, outer);
+                let unroll = *kind == LoopKind::Unrolled
+                    && *extent <= SOURCE_UNROLL_MAX
+                    && extent * text.len() <= self.unroll_bytes;
+                if unroll {
                     for i in 0..*extent {
                         self.line(&format!("{{ let v{var}: isize = {i};"));
-                        self.depth += 1;
-                        self.stmts(body);
-                        self.depth -= 1;
+                        self.out.push_str(&text);
                         self.line("}");
                     }
                 } else {
                     self.line(&format!("for v{var} in 0..{extent}isize {{"));
-                    self.depth += 1;
-                    self.stmts(body);
-                    self.depth -= 1;
+                    self.out.push_str(&text);
                     self.line("}");
                 }
             }
@@ -684,5 +707,38 @@ pub fn const_lit(v: f64, dtype: DType) -> String {
         _ if v == f64::NEG_INFINITY => format!("{ty}::NEG_INFINITY"),
         DType::F32 => format!("({:?}f32)", v as f32),
         DType::F64 => format!("({v:?}f64)"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::default_schedule::default_schedule;
+    use crate::lower::lower;
+    use harl_te::ops::workloads as w;
+
+    /// The default schedule's nest of a GEMM (its register-tile rows are marked unrolled),
+    /// emitted under an unroll budget of `unroll_bytes`.
+    fn gemm_nest(unroll_bytes: usize) -> String {
+        let g = w::matmul(64, 64, 64).expect("matmul");
+        let target = Variant::Avx2.cpu_target("x86_64", 1);
+        let p = lower(&g, &default_schedule(&g, &target)).expect("lowers");
+        let mut out = String::new();
+        emit_nest(&mut out, &p, 0, &p.nests[0], Variant::Avx2, unroll_bytes);
+        out
+    }
+
+    #[test]
+    fn unrolled_loops_past_the_byte_budget_stay_loops() {
+        let unrolled = gemm_nest(SOURCE_UNROLL_BYTES);
+        let rolled = gemm_nest(0);
+        // An unrolled copy opens a block binding its loop index to a constant.
+        let copies = |s: &str| s.matches("{ let v").count();
+        // Within the budget each row of the register tile is a copy...
+        assert!(copies(&unrolled) >= 2, "{unrolled}");
+        // ...past it the row loops are `for` loops again, over the same body, and the
+        // source shrinks.
+        assert_eq!(copies(&rolled), 0, "{rolled}");
+        assert!(rolled.len() < unrolled.len());
     }
 }

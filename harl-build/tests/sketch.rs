@@ -582,3 +582,33 @@ fn default_params_match_the_interpreter() {
     }
     assert!(seen >= cases().len(), "only {seen} default points");
 }
+
+/// Nested unrolled loops multiply their body: before codegen's unroll byte budget a sampled
+/// transposed-convolution candidate came to 1.26 MB of source (a batch of them ran past the
+/// measurer's 10-minute build limit). Under the budget every sample stays far below that.
+#[test]
+fn sampled_candidates_emit_bounded_source() {
+    use harl_build::codegen::{emit_module, KernelMeta, VariantProgram};
+    let g = w::conv2d_transpose(1, 512, 4, 4, 256, 4, 4, 2, 1, 1).expect("conv2d_transpose");
+    let target = Variant::Avx2.cpu_target("x86_64", 1);
+    let sketches = generate_sketches(&g, &target);
+    let meta = KernelMeta {
+        name: "k".into(),
+        params: vec!["x".into(), "w".into()],
+        output: "out".into(),
+    };
+    let mut rng = Rng::new(7);
+    let mut largest = 0;
+    for k in 0..200 {
+        let i = k % sketches.len();
+        let p = sketches[i].sample(i, &mut rng);
+        let program = lower(&g, &sketches[i].to_schedule(&p).expect("schedule")).expect("lowers");
+        let variants = [VariantProgram {
+            variant: Variant::Avx2,
+            program,
+            source: "sampled".into(),
+        }];
+        largest = largest.max(emit_module(&g, &variants, &meta).len());
+    }
+    assert!(largest < 256 * 1024, "{largest} bytes");
+}
