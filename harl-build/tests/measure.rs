@@ -36,6 +36,7 @@ fn config() -> MeasureConfig {
         // `slow_candidates_are_timed_once` for the cutoff.
         slow_cutoff: 0.0,
         relative_timeout: 0.0,
+        build_timeout: Duration::from_secs(10 * 60),
     }
 }
 
@@ -230,5 +231,58 @@ fn a_bad_configuration_is_an_error_not_a_panic() {
     ));
     c.threads = 1;
     c.min_time = c.timeout;
+    assert!(matches!(
+        Measurer::new(c.clone()),
+        Err(MeasureError::Config(_))
+    ));
+    c.min_time = Duration::from_millis(20);
+    c.build_timeout = Duration::ZERO;
     assert!(matches!(Measurer::new(c), Err(MeasureError::Config(_))));
+}
+
+#[cfg(unix)]
+#[test]
+fn a_build_past_its_limit_is_bisected_to_its_candidate() {
+    // A candidate whose build never ends: rustc blocks opening a FIFO nobody writes to (a hang
+    // that costs no CPU, standing in for a pathologically slow compile).
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fifo = dir.path().join("never-written");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("mkfifo");
+    assert!(made.success());
+    let graph = w::matmul(8, 8, 8).expect("matmul");
+    let hanging = raw(&format!(
+        "let bytes: &[u8] = include_bytes!({:?});\n    out.fill(bytes.len() as f32);\n    Ok(())",
+        fifo.display().to_string()
+    ));
+    // Warm the shared target dir first, so the limit below times candidates, not harl itself.
+    let mut warm = Measurer::new(config()).expect("measurer");
+    assert!(warm.measure(&graph, &[Candidate::Schedule(Schedule::naive())])[0].is_ok());
+
+    let limit = Duration::from_secs(30);
+    let mut m = Measurer::new(MeasureConfig {
+        build_timeout: limit,
+        ..config()
+    })
+    .expect("measurer");
+    let t = Instant::now();
+    let res = m.measure(
+        &graph,
+        &[
+            Candidate::Schedule(default_schedule(&graph, &CpuTarget::host())),
+            hanging,
+        ],
+    );
+    let took = t.elapsed();
+    assert!(res[0].is_ok(), "{:?}", res[0]);
+    assert!(
+        matches!(&res[1].error, Some(TrialError::Compile(m)) if m.contains("limit of 15 s")),
+        "{:?}",
+        res[1]
+    );
+    // The whole batch at 30 s, then each half at 15 s; nothing waits on the hung build longer.
+    assert!(took >= limit + limit / 2, "{took:?}");
+    assert!(took < 4 * limit, "{took:?}");
 }

@@ -8,7 +8,9 @@
 //! very [`crate::codegen::emit_module`] that ships, for the host's ISA variant only, as one module
 //! of that project; `CARGO_TARGET_DIR` is `work_dir/target` and persists, so `harl` and rayon
 //! compile once. A batch that fails to compile is narrowed down to the failing candidates (from
-//! the file of each rustc error, else by bisection), so one bad candidate never costs the others.
+//! the file of each rustc error, else by bisection), so one bad candidate never costs the others;
+//! a build killed at [`MeasureConfig::build_timeout`] is bisected the same way, each half with
+//! half the limit.
 //!
 //! The reference is computed once per workload: random inputs from [`MeasureConfig::seed`] and
 //! the interpreter's output at [`MeasureConfig::check_points`] random elements
@@ -40,9 +42,10 @@ use std::time::{Duration, Instant};
 
 /// The package name of the worker project (also how its compiler messages are recognised).
 const WORKER_PACKAGE: &str = "harl-measure-worker";
-/// A build of one batch that takes longer than this is killed, compiler processes included (a
-/// safety net against a pathological candidate; a normal batch takes seconds to a few minutes).
-const BUILD_TIMEOUT: Duration = Duration::from_secs(10 * 60);
+/// A bisected half's build limit never drops below this fraction of
+/// [`MeasureConfig::build_timeout`], so a half of good candidates on a loaded machine is not
+/// failed for the pathological one it no longer holds.
+const BISECTED_TIMEOUT_FLOOR: u32 = 4;
 /// Compiler messages and stderr tails kept in a [`TrialError`].
 const MESSAGE_MAX: usize = 4000;
 /// Numbers batches across all measurers of this process, so worker binaries never collide.
@@ -82,12 +85,17 @@ pub struct MeasureConfig {
     /// Once the task has a best latency: a candidate's worker is killed (a timeout) after
     /// `2 s + relative_timeout x best`, if that is shorter than `timeout`. 0 disables.
     pub relative_timeout: f64,
+    /// A batch's build that takes longer than this is killed, compiler processes included, and
+    /// the batch is bisected with half the limit per half (down to a quarter of it), so a
+    /// pathological candidate fails alone; a normal batch takes seconds to a few minutes.
+    pub build_timeout: Duration,
 }
 
 impl MeasureConfig {
     /// A configuration with defaults: all available cores, a 10 s timeout, timing for at least
     /// 100 ms and 3 runs after 1 warm-up run, 64 checked elements, seed 0; once a best latency
-    /// is known, one run for candidates over twice as slow and a timeout of 2 s + 100x best.
+    /// is known, one run for candidates over twice as slow and a timeout of 2 s + 100x best; a
+    /// 10-minute build limit.
     pub fn new(work_dir: impl Into<PathBuf>, harl_path: impl Into<PathBuf>) -> Self {
         MeasureConfig {
             work_dir: work_dir.into(),
@@ -101,6 +109,7 @@ impl MeasureConfig {
             seed: 0,
             slow_cutoff: 2.0,
             relative_timeout: 100.0,
+            build_timeout: Duration::from_secs(10 * 60),
         }
     }
 }
@@ -341,6 +350,11 @@ impl Measurer {
                 "the timeout ({:?}) must exceed min_time ({:?})",
                 config.timeout, config.min_time
             )));
+        }
+        if config.build_timeout.is_zero() {
+            return Err(MeasureError::Config(
+                "build_timeout must be positive".into(),
+            ));
         }
         let harl_path = fs::canonicalize(&config.harl_path)
             .map_err(|_| MeasureError::HarlPath(config.harl_path.clone()))?;
@@ -655,7 +669,8 @@ impl Measurer {
         let mut errors = BTreeMap::new();
         let all: Vec<usize> = sources.iter().map(|(i, _)| *i).collect();
         let mut last_ok = None;
-        let mut good = self.isolate(graph, all, &mut errors, &mut last_ok)?;
+        let limit = self.config.build_timeout;
+        let mut good = self.isolate(graph, all, limit, &mut errors, &mut last_ok)?;
         // After a bisection the last successful build may hold only part of the good set.
         let mut tries = 0;
         while !good.is_empty() && last_ok.as_ref() != Some(&good) {
@@ -667,7 +682,7 @@ impl Measurer {
                 }
                 return Ok((None, Vec::new(), errors));
             }
-            good = self.isolate(graph, good, &mut errors, &mut last_ok)?;
+            good = self.isolate(graph, good, limit, &mut errors, &mut last_ok)?;
         }
         if good.is_empty() {
             return Ok((None, good, errors));
@@ -687,11 +702,12 @@ impl Measurer {
         Ok((Some(bin), good, errors))
     }
 
-    /// The subset of `set` that compiles, recording why the others do not.
+    /// The subset of `set` that compiles within `limit`, recording why the others do not.
     fn isolate(
         &self,
         graph: &Graph,
         mut set: Vec<usize>,
+        limit: Duration,
         errors: &mut BTreeMap<usize, String>,
         last_ok: &mut Option<Vec<usize>>,
     ) -> Result<Vec<usize>, String> {
@@ -699,7 +715,22 @@ impl Measurer {
             if set.is_empty() {
                 return Ok(set);
             }
-            match self.build(graph, &set)? {
+            match self.build(graph, &set, limit)? {
+                Built::TimedOut if set.len() == 1 => {
+                    let msg = format!("its build passed the limit of {} s", limit.as_secs_f64());
+                    errors.insert(set[0], msg);
+                    return Ok(Vec::new());
+                }
+                Built::TimedOut => {
+                    // Build time grows with the source, so half the candidates get half the
+                    // time; the floor keeps good halves from failing on a slow machine.
+                    let floor = self.config.build_timeout / BISECTED_TIMEOUT_FLOOR;
+                    let half = (limit / 2).max(floor);
+                    let right = set.split_off(set.len() / 2);
+                    let mut good = self.isolate(graph, set, half, errors, last_ok)?;
+                    good.extend(self.isolate(graph, right, half, errors, last_ok)?);
+                    return Ok(good);
+                }
                 Built::Ok => {
                     *last_ok = Some(set.clone());
                     return Ok(set);
@@ -718,16 +749,17 @@ impl Measurer {
                         return Ok(Vec::new());
                     }
                     let right = set.split_off(set.len() / 2);
-                    let mut good = self.isolate(graph, set, errors, last_ok)?;
-                    good.extend(self.isolate(graph, right, errors, last_ok)?);
+                    let mut good = self.isolate(graph, set, limit, errors, last_ok)?;
+                    good.extend(self.isolate(graph, right, limit, errors, last_ok)?);
                     return Ok(good);
                 }
             }
         }
     }
 
-    /// One `cargo build` of the worker with the candidates in `set` (in slot order).
-    fn build(&self, graph: &Graph, set: &[usize]) -> Result<Built, String> {
+    /// One `cargo build` of the worker with the candidates in `set` (in slot order), killed
+    /// after `limit`.
+    fn build(&self, graph: &Graph, set: &[usize], limit: Duration) -> Result<Built, String> {
         let c = &self.config;
         let main = worker_main(graph, set, self.variant);
         let main_path = c.work_dir.join("src").join("main.rs");
@@ -755,8 +787,8 @@ impl Measurer {
             .stderr(err)
             .spawn()
             .map_err(|e| format!("cannot run {}: {e}", Path::new(&cargo).display()))?;
-        let status = wait_with_timeout(&mut child, BUILD_TIMEOUT)
-            .map_err(|e| format!("waiting for cargo: {e}"))?;
+        let status =
+            wait_with_timeout(&mut child, limit).map_err(|e| format!("waiting for cargo: {e}"))?;
         if status.is_none() {
             kill_process_group(child.id());
         }
@@ -765,10 +797,7 @@ impl Measurer {
         let _ = fs::remove_file(&out_path);
         let _ = fs::remove_file(&err_path);
         match status {
-            None => Err(format!(
-                "the build timed out after {} s",
-                BUILD_TIMEOUT.as_secs()
-            )),
+            None => Ok(Built::TimedOut),
             Some(s) if s.success() => Ok(Built::Ok),
             Some(_) => classify_build_errors(&stdout, &stderr),
         }
@@ -856,6 +885,8 @@ fn read_tail(mut pipe: impl Read + Send + 'static) -> mpsc::Receiver<String> {
 /// The outcome of one build.
 enum Built {
     Ok,
+    /// Killed at its time limit.
+    TimedOut,
     Errors {
         /// Errors located in a candidate's file, per candidate.
         by_candidate: BTreeMap<usize, String>,
