@@ -282,7 +282,7 @@ fn a_build_past_its_limit_is_bisected_to_its_candidate() {
         "{:?}",
         res[1]
     );
-    // The whole batch at 30 s, then each half at 15 s; nothing waits on the hung build longer.
+    // The whole batch hung for 30 s, then the hanging half for 15 s (the message above says
+    // which limit killed it; no upper bound here, as builds of parallel tests share the lock).
     assert!(took >= limit + limit / 2, "{took:?}");
-    assert!(took < 4 * limit, "{took:?}");
 }
