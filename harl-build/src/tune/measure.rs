@@ -725,11 +725,7 @@ impl Measurer {
                     // Build time grows with the source, so half the candidates get half the
                     // time; the floor keeps good halves from failing on a slow machine.
                     let floor = self.config.build_timeout / BISECTED_TIMEOUT_FLOOR;
-                    let half = (limit / 2).max(floor);
-                    let right = set.split_off(set.len() / 2);
-                    let mut good = self.isolate(graph, set, half, errors, last_ok)?;
-                    good.extend(self.isolate(graph, right, half, errors, last_ok)?);
-                    return Ok(good);
+                    return self.bisect(graph, set, (limit / 2).max(floor), errors, last_ok);
                 }
                 Built::Ok => {
                     *last_ok = Some(set.clone());
@@ -748,13 +744,25 @@ impl Measurer {
                         errors.insert(set[0], unattributed);
                         return Ok(Vec::new());
                     }
-                    let right = set.split_off(set.len() / 2);
-                    let mut good = self.isolate(graph, set, limit, errors, last_ok)?;
-                    good.extend(self.isolate(graph, right, limit, errors, last_ok)?);
-                    return Ok(good);
+                    return self.bisect(graph, set, limit, errors, last_ok);
                 }
             }
         }
+    }
+
+    /// [`Measurer::isolate`] on each half of `set`, each within `limit`.
+    fn bisect(
+        &self,
+        graph: &Graph,
+        mut set: Vec<usize>,
+        limit: Duration,
+        errors: &mut BTreeMap<usize, String>,
+        last_ok: &mut Option<Vec<usize>>,
+    ) -> Result<Vec<usize>, String> {
+        let right = set.split_off(set.len() / 2);
+        let mut good = self.isolate(graph, set, limit, errors, last_ok)?;
+        good.extend(self.isolate(graph, right, limit, errors, last_ok)?);
+        Ok(good)
     }
 
     /// One `cargo build` of the worker with the candidates in `set` (in slot order), killed
