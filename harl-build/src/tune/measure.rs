@@ -715,54 +715,34 @@ impl Measurer {
             if set.is_empty() {
                 return Ok(set);
             }
-            match self.build(graph, &set, limit)? {
-                Built::TimedOut if set.len() == 1 => {
-                    let msg = format!("its build passed the limit of {} s", limit.as_secs_f64());
-                    errors.insert(set[0], msg);
-                    return Ok(Vec::new());
-                }
-                Built::TimedOut => {
-                    // Build time grows with the source, so half the candidates get half the
-                    // time; the floor keeps good halves from failing on a slow machine.
-                    let floor = self.config.build_timeout / BISECTED_TIMEOUT_FLOOR;
-                    return self.bisect(graph, set, (limit / 2).max(floor), errors, last_ok);
-                }
+            // Why the set failed as a whole, and the limit each half gets if it is split.
+            let (why, half_limit) = match self.build(graph, &set, limit)? {
                 Built::Ok => {
                     *last_ok = Some(set.clone());
                     return Ok(set);
                 }
-                Built::Errors {
-                    by_candidate,
-                    unattributed,
-                } => {
-                    if !by_candidate.is_empty() {
-                        set.retain(|i| !by_candidate.contains_key(i));
-                        errors.extend(by_candidate);
-                        continue;
-                    }
-                    if set.len() == 1 {
-                        errors.insert(set[0], unattributed);
-                        return Ok(Vec::new());
-                    }
-                    return self.bisect(graph, set, limit, errors, last_ok);
+                Built::Errors { by_candidate, .. } if !by_candidate.is_empty() => {
+                    set.retain(|i| !by_candidate.contains_key(i));
+                    errors.extend(by_candidate);
+                    continue;
                 }
+                Built::Errors { unattributed, .. } => (unattributed, limit),
+                // Build time grows with the source, so half the candidates get half the time;
+                // the floor keeps good halves from failing on a slow machine.
+                Built::TimedOut => (
+                    format!("its build passed the limit of {} s", limit.as_secs_f64()),
+                    (limit / 2).max(self.config.build_timeout / BISECTED_TIMEOUT_FLOOR),
+                ),
+            };
+            if set.len() == 1 {
+                errors.insert(set[0], why);
+                return Ok(Vec::new());
             }
+            let right = set.split_off(set.len() / 2);
+            let mut good = self.isolate(graph, set, half_limit, errors, last_ok)?;
+            good.extend(self.isolate(graph, right, half_limit, errors, last_ok)?);
+            return Ok(good);
         }
-    }
-
-    /// [`Measurer::isolate`] on each half of `set`, each within `limit`.
-    fn bisect(
-        &self,
-        graph: &Graph,
-        mut set: Vec<usize>,
-        limit: Duration,
-        errors: &mut BTreeMap<usize, String>,
-        last_ok: &mut Option<Vec<usize>>,
-    ) -> Result<Vec<usize>, String> {
-        let right = set.split_off(set.len() / 2);
-        let mut good = self.isolate(graph, set, limit, errors, last_ok)?;
-        good.extend(self.isolate(graph, right, limit, errors, last_ok)?);
-        Ok(good)
     }
 
     /// One `cargo build` of the worker with the candidates in `set` (in slot order), killed
