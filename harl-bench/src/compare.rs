@@ -13,6 +13,7 @@
 //! over its winners (`--retime R` rounds, default 5, 0 for none), which writes
 //! `DIR/retime.json`.
 
+use crate::stats::median;
 use crate::suite;
 use crate::tune::{run_tasks, RunSpec};
 use crate::Error;
@@ -153,16 +154,6 @@ fn failed_trials(r: &TuneResult) -> usize {
         .flat_map(|t| &t.trials)
         .filter(|t| t.latency_s.is_none())
         .count()
-}
-
-fn median(mut xs: Vec<f64>) -> Option<f64> {
-    xs.retain(|x| !x.is_nan());
-    if xs.is_empty() {
-        return None;
-    }
-    xs.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
-    let m = xs[xs.len() / 2];
-    m.is_finite().then_some(m)
 }
 
 /// One finished (strategy, seed) run of a workload comparison.
@@ -333,11 +324,11 @@ fn compare_workload(o: &Options, name: &str) -> Result<(), Error> {
         strategies.insert(
             name.clone(),
             json!({
-                "final_gflops": median(finals),
-                "trials_to_reach_baseline": median(reach_trials),
-                "wall_s_to_reach_baseline": median(reach_wall),
-                "trials_to_reach_99pct_baseline": median(near_trials),
-                "wall_s": median(runs[s].iter().map(|r| r.wall_s).collect()),
+                "final_gflops": median(&finals),
+                "trials_to_reach_baseline": median(&reach_trials),
+                "wall_s_to_reach_baseline": median(&reach_wall),
+                "trials_to_reach_99pct_baseline": median(&near_trials),
+                "wall_s": median(&runs[s].iter().map(|r| r.wall_s).collect::<Vec<_>>()),
                 "per_seed": per_seed,
             }),
         );
@@ -403,7 +394,7 @@ fn plot(o: &Options, title: &str, flops: f64, curves: &[Vec<Curve>]) -> Result<(
                         })
                         .collect();
                     (at.len() == per_seed.len())
-                        .then(|| median(at).map(|m| (t as f64, m)))
+                        .then(|| median(&at).map(|m| (t as f64, m)))
                         .flatten()
                 })
                 .collect()

@@ -19,6 +19,7 @@ mod remeasure;
 mod report;
 mod retime;
 mod spine;
+mod stats;
 mod suite;
 mod summarize;
 mod timing;

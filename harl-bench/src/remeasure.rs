@@ -3,6 +3,7 @@
 //! `gemm` crate, so that the ratios do not depend on what else the machine did during tuning.
 //! Prints a markdown table and writes `DIR/remeasure.json`.
 
+use crate::stats::median;
 use crate::suite;
 use crate::tune::{gemm_gflops, measure_schedules};
 use crate::workload::Matmul;
@@ -60,22 +61,4 @@ pub fn run(dir: &Path, threads: usize, rounds: usize) -> Result<(), Error> {
         serde_json::to_string_pretty(&rows)? + "\n",
     )?;
     Ok(())
-}
-
-/// The median of the finite values (the upper one of an even count), `None` when there are
-/// none.
-pub(crate) fn median(v: &[f64]) -> Option<f64> {
-    let mut v: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied()
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn median_of_odd_even_and_empty() {
-        assert_eq!(super::median(&[3.0, 1.0, 2.0]), Some(2.0));
-        assert_eq!(super::median(&[4.0, 1.0]), Some(4.0));
-        assert_eq!(super::median(&[]), None);
-    }
 }

@@ -8,7 +8,7 @@
 //! files that keep `best_params` (written since `compare` keeps them). Prints a markdown table
 //! and writes `DIR/retime.json`.
 
-use crate::remeasure::median;
+use crate::stats::median;
 use crate::suite;
 use crate::tune::{host_target, measure_rotating};
 use crate::Error;

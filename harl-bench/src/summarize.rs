@@ -244,7 +244,7 @@ fn read_curves(path: &Path) -> Result<Curves, Error> {
 /// seed with no successful trial by then counts as infinitely slow. `None` when no seed of the
 /// strategy is in `curves` or the median is infinite.
 fn median_best_within(curves: &Curves, strategy: &str, budget: usize) -> Option<f64> {
-    let mut best: Vec<f64> = curves
+    let best: Vec<f64> = curves
         .iter()
         .filter(|((s, _), _)| s == strategy)
         .map(|(_, c)| {
@@ -254,12 +254,7 @@ fn median_best_within(curves: &Curves, strategy: &str, budget: usize) -> Option<
                 .map_or(f64::INFINITY, |p| p.1)
         })
         .collect();
-    if best.is_empty() {
-        return None;
-    }
-    best.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
-    let m = best[best.len() / 2];
-    m.is_finite().then_some(m)
+    crate::stats::median(&best)
 }
 
 /// One markdown row per `DIR/*/compare.json` (with its `curves.csv`): at each trial budget,

@@ -42,31 +42,15 @@ pub fn measure<E>(mut call: impl FnMut() -> Result<(), E>) -> Result<Timing, E> 
         samples.push(t.elapsed().as_secs_f64());
     }
     Ok(Timing {
-        median_s: median(&mut samples),
+        // Never empty (at least MIN_RUNS samples), so never NaN.
+        median_s: crate::stats::median(&samples).unwrap_or(f64::NAN),
         runs: samples.len(),
     })
-}
-
-/// The median of non-empty `samples` (the mean of the middle two for an even count).
-fn median(samples: &mut [f64]) -> f64 {
-    samples.sort_by(f64::total_cmp);
-    let mid = samples.len() / 2;
-    if samples.len().is_multiple_of(2) {
-        (samples[mid - 1] + samples[mid]) / 2.0
-    } else {
-        samples[mid]
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn median_of_odd_and_even_counts() {
-        assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
-        assert_eq!(median(&mut [4.0, 1.0, 3.0, 2.0]), 2.5);
-    }
 
     #[test]
     fn measure_runs_at_least_min_runs() {
