@@ -1,6 +1,7 @@
 //! `harl-bench summarize DIR`: one markdown table from the `summary.json` files under `DIR`
 //! (as `scripts/suite.sh` leaves them), for notes and docs.
 
+use crate::stats::median;
 use crate::Error;
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -254,7 +255,7 @@ fn median_best_within(curves: &Curves, strategy: &str, budget: usize) -> Option<
                 .map_or(f64::INFINITY, |p| p.1)
         })
         .collect();
-    crate::stats::median(&best)
+    median(&best)
 }
 
 /// One markdown row per `DIR/*/compare.json` (with its `curves.csv`): at each trial budget,

@@ -1,5 +1,6 @@
 //! Timing: warm up, then repeat until enough time and runs have passed; report the median.
 
+use crate::stats::median;
 use std::time::{Duration, Instant};
 
 /// Warm-up stops after this many calls or this much time, whichever comes first.
@@ -43,7 +44,7 @@ pub fn measure<E>(mut call: impl FnMut() -> Result<(), E>) -> Result<Timing, E> 
     }
     Ok(Timing {
         // Never empty (at least MIN_RUNS samples), so never NaN.
-        median_s: crate::stats::median(&samples).unwrap_or(f64::NAN),
+        median_s: median(&samples).unwrap_or(f64::NAN),
         runs: samples.len(),
     })
 }
