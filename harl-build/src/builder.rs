@@ -8,9 +8,11 @@
 //! also be registered directly with [`Builder::kernel`] and included with
 //! `harl::include_kernels!()`.
 
-use crate::cache::{LookupSource, TuningCache};
+use crate::cache::{LookupSource, Record, TuningCache};
 use crate::codegen::{emit_module, KernelMeta, Variant, VariantProgram};
 use crate::default_schedule::default_schedule;
+use crate::directive::{escape, Directives};
+use crate::limits::MAX_SOURCE_BYTES;
 use crate::lower::lower;
 use crate::scan;
 use crate::schedule::Schedule;
@@ -223,7 +225,8 @@ impl Builder {
         match self.try_compile() {
             Ok(r) => r,
             Err(e) => {
-                eprintln!("harl-build: {e}");
+                // Errors quote paths and names; keep them to one line each.
+                eprintln!("harl-build: {}", escape(&e.to_string()));
                 std::process::exit(1);
             }
         }
@@ -231,7 +234,6 @@ impl Builder {
 
     /// Runs the build step and returns a typed error instead of exiting.
     pub fn try_compile(self) -> Result<Report, BuildError> {
-        let env = BuildEnv::read(&self);
         let mut report = Report::default();
         let out_dir = match &self.out_dir {
             Some(d) => d.clone(),
@@ -240,15 +242,17 @@ impl Builder {
                 .ok_or(BuildError::MissingEnv("OUT_DIR"))?,
         };
         let gen_dir = out_dir.join("harl");
+        let env = BuildEnv::read(&self, &gen_dir);
         std::fs::create_dir_all(&gen_dir).map_err(|source| BuildError::Io {
             path: gen_dir.clone(),
             source,
         })?;
+        let out = Directives::new(self.quiet);
+        // Warnings quote cache files, paths and compiler messages: escaped once, here, both
+        // for cargo and for the report (a build script that prints it stays safe).
         let warn = |msg: String, report: &mut Report| {
-            if !self.quiet {
-                println!("cargo:warning=harl: {msg}");
-            }
-            report.warnings.push(msg);
+            out.warning(&msg);
+            report.warnings.push(escape(&msg));
         };
         if env.mode == TuneMode::On && cfg!(debug_assertions) {
             warn(
@@ -262,26 +266,30 @@ impl Builder {
                 &mut report,
             );
         }
-        if !self.quiet {
-            for var in [
-                "HARL_TUNE",
-                "HARL_CACHE_DIR",
-                "HARL_TRIALS",
-                "HARL_SEED",
-                "HARL_STRATEGY",
-                "HARL_TUNE_SECONDS",
-                "HARL_GPU_TRIALS",
-            ] {
-                println!("cargo:rerun-if-env-changed={var}");
-            }
-            if self.cuda {
-                // Where NVRTC is found.
-                println!("cargo:rerun-if-env-changed=LD_LIBRARY_PATH");
-            }
-            for p in self.scan.iter().chain(std::iter::once(&env.cache_dir)) {
-                if p.exists() {
-                    println!("cargo:rerun-if-changed={}", p.display());
-                }
+        for var in [
+            "HARL_TUNE",
+            "HARL_CACHE_DIR",
+            "HARL_TRIALS",
+            "HARL_SEED",
+            "HARL_STRATEGY",
+            "HARL_TUNE_SECONDS",
+            "HARL_GPU_TRIALS",
+        ] {
+            out.rerun_if_env_changed(var);
+        }
+        if self.cuda {
+            // Where NVRTC is found.
+            out.rerun_if_env_changed("LD_LIBRARY_PATH");
+        }
+        for p in self.scan.iter().chain(std::iter::once(&env.cache_dir)) {
+            if p.exists() && !out.rerun_if_changed(p) {
+                warn(
+                    format!(
+                        "{} has a line break or is not UTF-8, so cargo cannot watch it; rebuild by hand after changing it",
+                        p.display()
+                    ),
+                    &mut report,
+                );
             }
         }
         // Kernels declared with the attribute: one file each, named by name and workload key.
@@ -291,12 +299,12 @@ impl Builder {
                 .map_err(|(path, source)| BuildError::Io { path, source })?;
         }
         for decl in found {
-            let params: Vec<String> = decl.params.iter().map(|p| p.name.clone()).collect();
+            let params = param_names(decl.params.iter().map(|p| p.name.as_str()));
             let (code, source, key) = self.generate(
                 &decl.name,
                 &decl.graph,
                 params,
-                decl.output_name(),
+                "out".into(),
                 &env,
                 &mut |m| warn(m, &mut report),
             );
@@ -323,16 +331,7 @@ impl Builder {
                 name: k.name.clone(),
                 why: e.to_string(),
             })?;
-            let mut params: Vec<String> = Vec::new();
-            for (i, p) in k.graph.inputs.iter().enumerate() {
-                let name = param_name(&p.name, i);
-                let name = if params.contains(&name) {
-                    format!("input{i}")
-                } else {
-                    name
-                };
-                params.push(name);
-            }
+            let params = param_names(k.graph.inputs.iter().map(|p| p.name.as_str()));
             let (code, source, key) =
                 self.generate(&k.name, &k.graph, params, "out".into(), &env, &mut |m| {
                     warn(m, &mut report)
@@ -423,6 +422,20 @@ impl Builder {
             output,
         };
         let mut code = emit_module(graph, &variants, &meta);
+        if code.len() > MAX_SOURCE_BYTES {
+            warn(format!(
+                "kernel `{name}`: its schedules emit {} bytes of Rust, over the limit of {MAX_SOURCE_BYTES}; using plain loop nests",
+                code.len()
+            ));
+            host_source = ScheduleSource::Default;
+            for v in &mut variants {
+                if let Ok(p) = lower(graph, &Schedule::naive()) {
+                    v.program = p;
+                    v.source = ScheduleSource::Default.to_string();
+                }
+            }
+            code = emit_module(graph, &variants, &meta);
+        }
         if self.cuda {
             if env.mode == TuneMode::On {
                 self.tune_gpu_kernel(name, graph, env, warn);
@@ -449,7 +462,6 @@ impl Builder {
         env: &BuildEnv,
         warn: &mut dyn FnMut(String),
     ) -> Option<(Schedule, ScheduleSource)> {
-        use crate::cache::Record;
         use crate::tune::{cost_model, measure, search, sketch, task_scheduler, tuner};
         let var = |k: &str| std::env::var(k).ok();
         let trials = var("HARL_TRIALS")
@@ -536,16 +548,31 @@ impl Builder {
             latency,
             result.trials as u64,
         );
+        let summary = format!(
+            "tuned `{name}`: {} trials in {:.0} s, best {:.4} ms (default schedule {})",
+            result.trials,
+            result.wall_s,
+            latency * 1e3,
+            default_latency.map_or("failed".into(), |d| format!("{:.4} ms", d * 1e3)),
+        );
         match crate::cache::TuningCache::new(&env.cache_dir).append(&record) {
             Ok(path) => warn(format!(
-                "tuned `{name}`: {} trials in {:.0} s, best {:.4} ms (default schedule {}); recorded in {} (commit it so your users get this kernel without tuning)",
-                result.trials,
-                result.wall_s,
-                latency * 1e3,
-                default_latency.map_or("failed".into(), |d| format!("{:.4} ms", d * 1e3)),
+                "{summary}; recorded in {} (commit it so your users get this kernel without tuning)",
                 path.display()
             )),
-            Err(e) => warn(format!("tuned `{name}` but could not record it: {e}")),
+            // A read-only cache (a vendored crate, a locked-down CI checkout): keep the record
+            // beside the generated code, so later builds of this crate find it and do not tune
+            // (and warn) again.
+            Err(e) => {
+                let kept = TuningCache::new(&env.local_cache).append(&record);
+                warn(format!(
+                    "{summary}; could not record it in the tuning cache ({e}); {}",
+                    match kept {
+                        Ok(_) => "kept it in OUT_DIR, so later builds of this crate reuse it".to_string(),
+                        Err(e) => format!("nor in OUT_DIR ({e})"),
+                    }
+                ));
+            }
         }
         Some((
             schedule,
@@ -582,7 +609,6 @@ impl Builder {
         env: &BuildEnv,
         warn: &mut dyn FnMut(String),
     ) {
-        use crate::cache::Record;
         use crate::tune::gpu_measure::{GpuMeasureConfig, GpuMeasurer};
         use crate::tune::gpu_search::{search, GpuSearchOptions, GpuStrategy};
         let var = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
@@ -671,16 +697,23 @@ impl Builder {
         if env.mode == TuneMode::Off {
             return None;
         }
-        let cache = TuningCache::new(&env.cache_dir);
-        let lookup = cache.lookup(key, fingerprint, |r| {
+        let valid = |r: &Record| {
             lower(graph, &r.schedule)
                 .map(|_| ())
                 .map_err(|e| e.to_string())
-        });
-        for w in lookup.warnings {
+        };
+        let mut lookup = TuningCache::new(&env.cache_dir).lookup(key, fingerprint, valid);
+        for w in std::mem::take(&mut lookup.warnings) {
             warn(format!(
                 "kernel `{name}`: ignoring a tuning record ({w}); using the next best"
             ));
+        }
+        if lookup.source != LookupSource::Exact && env.mode == TuneMode::On {
+            // What an earlier build tuned but could not record in a read-only cache.
+            let local = TuningCache::new(&env.local_cache).lookup(key, fingerprint, valid);
+            if local.source == LookupSource::Exact {
+                lookup = local;
+            }
         }
         let r = lookup.record?;
         let source = match lookup.source {
@@ -699,13 +732,15 @@ impl Builder {
 struct BuildEnv {
     mode: TuneMode,
     cache_dir: PathBuf,
+    /// Records tuned by this crate's earlier builds that the cache directory refused.
+    local_cache: PathBuf,
     target: TargetFingerprint,
     /// Threads the default schedules plan parallel work for.
     threads: usize,
 }
 
 impl BuildEnv {
-    fn read(b: &Builder) -> BuildEnv {
+    fn read(b: &Builder, gen_dir: &Path) -> BuildEnv {
         let env_mode = std::env::var("HARL_TUNE")
             .ok()
             .and_then(|v| TuneMode::parse(&v));
@@ -735,13 +770,58 @@ impl BuildEnv {
                 (fp, threads)
             }
         };
+        if mode == TuneMode::On && is_third_party(&cache_dir) {
+            // Someone else's crate: its build must not tune (minutes in every dependent's
+            // build) nor write into the registry, whatever HARL_TUNE says.
+            mode = TuneMode::Cache;
+        }
         BuildEnv {
             mode,
             cache_dir,
+            local_cache: gen_dir.join("tuned"),
             target: fingerprint,
             threads,
         }
     }
+}
+
+/// Whether this build belongs to a crate the user does not own: one unpacked from a registry
+/// or checked out by cargo (under `CARGO_HOME`), or vendored (`cargo vendor` writes
+/// `.cargo-checksum.json`); or whether its cache directory lies under `CARGO_HOME`.
+fn is_third_party(cache_dir: &Path) -> bool {
+    let cargo_home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")));
+    let canonical = |p: &Path| {
+        // A path that does not exist yet (a cache dir to create) is compared through its
+        // nearest existing ancestor.
+        let mut p = p.to_path_buf();
+        let mut tail = Vec::new();
+        loop {
+            if let Ok(c) = p.canonicalize() {
+                return tail
+                    .into_iter()
+                    .rev()
+                    .fold(c, |acc: PathBuf, t| acc.join(t));
+            }
+            match (p.file_name().map(|f| f.to_os_string()), p.parent()) {
+                (Some(f), Some(parent)) => {
+                    tail.push(f);
+                    p = parent.to_path_buf();
+                }
+                _ => return p,
+            }
+        }
+    };
+    let under_home = |p: &Path| {
+        cargo_home
+            .as_deref()
+            .is_some_and(|home| canonical(p).starts_with(canonical(home)))
+    };
+    let manifest = std::env::var_os("CARGO_MANIFEST_DIR").map(PathBuf::from);
+    manifest.as_deref().is_some_and(|m| {
+        under_home(m) || m.join(".cargo-ok").exists() || m.join(".cargo-checksum.json").exists()
+    }) || under_home(cache_dir)
 }
 
 fn write_if_changed(path: &Path, content: &str) -> Result<(), BuildError> {
@@ -763,12 +843,22 @@ fn is_ident(s: &str) -> bool {
         && syn::parse_str::<syn::Ident>(s).is_ok()
 }
 
-fn param_name(name: &str, i: usize) -> String {
-    if is_ident(name) && name != "out" {
-        name.to_string()
-    } else {
-        format!("input{i}")
+/// The generated `run`'s parameter names: each input's own name where it is a plain Rust
+/// identifier (not a keyword, not `out`, not taken by an earlier input), else `input{i}`.
+/// The output is `out`; callers pass arguments by position, so names only help a reader.
+fn param_names<'a>(names: impl Iterator<Item = &'a str>) -> Vec<String> {
+    let names: Vec<&str> = names.collect();
+    let mut params: Vec<String> = Vec::with_capacity(names.len());
+    for (i, name) in names.iter().enumerate() {
+        let plain = is_ident(name) && *name != "out" && !name.starts_with("input");
+        let unique = !names[..i].contains(name);
+        params.push(if plain && unique {
+            name.to_string()
+        } else {
+            format!("input{i}")
+        });
     }
+    params
 }
 
 /// The compute capability the default GPU program's PTX targets (the driver JIT-compiles it for

@@ -8,11 +8,12 @@
 //! concurrent builds neither lose records nor expose half-written files.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::limits::{MAX_CACHE_FILE_BYTES, MAX_RECORD_LINE_BYTES};
 use crate::schedule::Schedule;
 use crate::target::TargetFingerprint;
 
@@ -268,11 +269,10 @@ impl TuningCache {
         lock.lock().map_err(io_err(&lock_path))?;
 
         // The lock is released when `lock` is closed, on every return path below.
-        let mut content = match fs::read(&path) {
-            Ok(bytes) => bytes,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
-            Err(e) => return Err(io_err(&path)(e)),
-        };
+        remove_stale_temps(&path);
+        let mut content = read_capped(&path, MAX_CACHE_FILE_BYTES)
+            .map_err(|why| io_err(&path)(io::Error::other(why)))?
+            .unwrap_or_default();
         if content.last().is_some_and(|&b| b != b'\n') {
             content.push(b'\n');
         }
@@ -296,11 +296,11 @@ impl TuningCache {
 /// Reads `path` and classifies its non-blank lines, numbered from 1. A missing file yields
 /// nothing; any other read error is pushed to `warnings`.
 fn read_lines(path: &Path, warnings: &mut Vec<String>) -> Vec<(usize, Line)> {
-    let bytes = match fs::read(path) {
-        Ok(bytes) => bytes,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Vec::new(),
-        Err(e) => {
-            warnings.push(format!("{}: could not read: {e}", path.display()));
+    let bytes = match read_capped(path, MAX_CACHE_FILE_BYTES) {
+        Ok(Some(bytes)) => bytes,
+        Ok(None) => return Vec::new(),
+        Err(why) => {
+            warnings.push(format!("{}: not read: {why}", path.display()));
             return Vec::new();
         }
     };
@@ -308,53 +308,108 @@ fn read_lines(path: &Path, warnings: &mut Vec<String>) -> Vec<(usize, Line)> {
         .split(|&b| b == b'\n')
         .enumerate()
         .filter(|(_, raw)| !raw.trim_ascii().is_empty())
-        .map(|(i, raw)| (i + 1, parse_line(raw)))
+        .map(|(i, raw)| {
+            let line = if raw.len() > MAX_RECORD_LINE_BYTES {
+                Line::Bad {
+                    key: None,
+                    reason: format!(
+                        "line of {} bytes exceeds the limit of {MAX_RECORD_LINE_BYTES}",
+                        raw.len()
+                    ),
+                }
+            } else {
+                parse_line(raw)
+            };
+            (i + 1, line)
+        })
         .collect()
 }
 
-/// Classifies one line. The version is read from the raw JSON first, so a future record with a
-/// different shape reports its version rather than a parse error.
-fn parse_line(raw: &[u8]) -> Line {
-    let value: serde_json::Value = match serde_json::from_slice(raw) {
-        Ok(value) => value,
-        Err(e) => {
-            return Line::Bad {
-                key: None,
-                reason: format!("invalid JSON: {e}"),
-            }
+/// Reads a cache file of at most `cap` bytes: `Ok(None)` when it does not exist, an error
+/// when it is not a regular file (a FIFO would block the build, a device could be endless)
+/// or is larger than `cap`. The type is checked before opening (opening a FIFO blocks) and
+/// again on the opened file, and the read itself stops past `cap`, so a file that grows or is
+/// swapped meanwhile is still bounded.
+pub fn read_capped(path: &Path, cap: u64) -> Result<Option<Vec<u8>>, String> {
+    let regular = |m: &fs::Metadata| {
+        if m.is_file() {
+            Ok(())
+        } else {
+            Err("not a regular file".to_string())
         }
     };
+    match fs::metadata(path) {
+        Ok(m) => regular(&m)?,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e.to_string()),
+    }
+    let file = File::open(path).map_err(|e| e.to_string())?;
+    regular(&file.metadata().map_err(|e| e.to_string())?)?;
+    let mut bytes = Vec::new();
+    file.take(cap.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(|e| e.to_string())?;
+    if bytes.len() as u64 > cap {
+        return Err(format!("larger than the limit of {cap} bytes"));
+    }
+    Ok(Some(bytes))
+}
+
+/// Why one cache line is not a usable record.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("{reason}")]
+pub struct RecordError {
+    /// The line's workload key, where one could be read (so that lookups of other workloads
+    /// can skip the line silently).
+    pub key: Option<String>,
+    /// What is wrong. It may quote text from the line: escape it before printing it anywhere
+    /// a reader parses (see [`crate::directive`]).
+    pub reason: String,
+}
+
+/// Parses one cache line into a [`Record`] of the current [`RECORD_VERSION`] with a finite,
+/// positive latency. The version is read from the raw JSON first, so a future record with a
+/// different shape reports its version rather than a parse error. The schedule is not checked
+/// against any graph here: that is [`crate::lower::lower`]'s job, at lookup.
+pub fn parse_record(raw: &[u8]) -> Result<Record, RecordError> {
+    let value: serde_json::Value = serde_json::from_slice(raw).map_err(|e| RecordError {
+        key: None,
+        reason: format!("invalid JSON: {e}"),
+    })?;
     let key = value
         .get("workload_key")
         .and_then(|k| k.as_str())
         .map(str::to_string);
-    let bad = |reason: String| Line::Bad {
+    let bad = |reason: String| RecordError {
         key: key.clone(),
         reason,
     };
     match value.get("version") {
         Some(v) if v.as_u64() == Some(u64::from(RECORD_VERSION)) => {}
-        Some(v) => return bad(format!("unknown record version {v}")),
-        None => return bad("record has no version".to_string()),
+        Some(v) => return Err(bad(format!("unknown record version {v}"))),
+        None => return Err(bad("record has no version".to_string())),
     }
     match value.get("latency_s") {
         // serde_json writes NaN and infinities as `null`.
         Some(serde_json::Value::Null) => {
-            return bad("latency_s is not finite (null)".to_string());
+            return Err(bad("latency_s is not finite (null)".to_string()));
         }
         Some(serde_json::Value::Number(n)) => {
-            if let Err(reason) = check_latency(n.as_f64().unwrap_or(f64::NAN)) {
-                return bad(reason);
-            }
+            check_latency(n.as_f64().unwrap_or(f64::NAN)).map_err(bad)?;
         }
         _ => {} // Missing or mistyped: reported by the full parse below.
     }
-    match serde_json::from_value::<Record>(value) {
-        Ok(record) => match check_latency(record.latency_s) {
-            Ok(()) => Line::Valid(record),
-            Err(reason) => bad(reason),
-        },
-        Err(e) => bad(format!("invalid record: {e}")),
+    let record =
+        serde_json::from_value::<Record>(value).map_err(|e| bad(format!("invalid record: {e}")))?;
+    check_latency(record.latency_s).map_err(bad)?;
+    Ok(record)
+}
+
+/// Classifies one line.
+fn parse_line(raw: &[u8]) -> Line {
+    match parse_record(raw) {
+        Ok(record) => Line::Valid(record),
+        Err(RecordError { key, reason }) => Line::Bad { key, reason },
     }
 }
 
@@ -375,6 +430,29 @@ fn misfiled(record: &Record, isa_class: &str) -> String {
         "record is for ISA class {:?}, not {isa_class:?}",
         record.target.isa_class
     )
+}
+
+/// Removes temporary files that appends of `path` left behind when killed between writing
+/// and renaming. Called with the lock held: no live writer has a temporary file then.
+fn remove_stale_temps(path: &Path) {
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str())) else {
+        return;
+    };
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    let prefix = format!("{name}.");
+    for entry in entries.filter_map(Result::ok) {
+        let file = entry.file_name();
+        let Some(file) = file.to_str() else { continue };
+        let stale = file
+            .strip_prefix(&prefix)
+            .and_then(|rest| rest.strip_suffix(".tmp"))
+            .is_some_and(|pid| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()));
+        if stale {
+            let _ = fs::remove_file(entry.path());
+        }
+    }
 }
 
 /// `path` with `suffix` appended to its file name.

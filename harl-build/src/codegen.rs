@@ -701,12 +701,23 @@ pub fn const_lit(v: f64, dtype: DType) -> String {
     let ty = dtype.rust_name();
     match dtype {
         DType::Bool => (v != 0.0).to_string(),
-        DType::I32 => format!("({}i32)", v as i64),
+        // `as` saturates; graph validation rejects i32 constants out of range, so this only
+        // keeps a literal that rustc accepts.
+        DType::I32 => format!("({}i32)", v as i32),
+        // Decide on the value in the stage's type: an f64 that overflows f32 is an infinity
+        // there, and `{:?}` of it would print `inf`, which is no Rust literal.
+        DType::F32 => float_lit(f64::from(v as f32), ty),
+        DType::F64 => float_lit(v, ty),
+    }
+}
+
+fn float_lit(v: f64, ty: &str) -> String {
+    match v {
         _ if v.is_nan() => format!("{ty}::NAN"),
-        _ if v == f64::INFINITY => format!("{ty}::INFINITY"),
-        _ if v == f64::NEG_INFINITY => format!("{ty}::NEG_INFINITY"),
-        DType::F32 => format!("({:?}f32)", v as f32),
-        DType::F64 => format!("({v:?}f64)"),
+        f64::INFINITY => format!("{ty}::INFINITY"),
+        f64::NEG_INFINITY => format!("{ty}::NEG_INFINITY"),
+        _ if ty == "f32" => format!("({:?}f32)", v as f32),
+        _ => format!("({v:?}f64)"),
     }
 }
 
@@ -726,6 +737,17 @@ mod tests {
         let mut out = String::new();
         emit_nest(&mut out, &p, 0, &p.nests[0], Variant::Avx2, unroll_bytes);
         out
+    }
+
+    #[test]
+    fn literals_are_rust_literals_whatever_their_value() {
+        assert_eq!(const_lit(1e39, DType::F32), "f32::INFINITY");
+        assert_eq!(const_lit(-1e39, DType::F32), "f32::NEG_INFINITY");
+        assert_eq!(const_lit(f64::NAN, DType::F32), "f32::NAN");
+        assert_eq!(const_lit(1e39, DType::F64), "(1e39f64)");
+        assert_eq!(const_lit(0.5, DType::F32), "(0.5f32)");
+        assert_eq!(const_lit(1e12, DType::I32), format!("({}i32)", i32::MAX));
+        assert_eq!(const_lit(-3.0, DType::I32), "(-3i32)");
     }
 
     #[test]

@@ -8,7 +8,9 @@ pub mod cache;
 pub mod codegen;
 pub mod cuda;
 pub mod default_schedule;
+pub mod directive;
 pub mod gpu_sketch;
+pub mod limits;
 pub mod loop_ir;
 pub mod lower;
 #[cfg(feature = "cuda")]

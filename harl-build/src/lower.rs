@@ -5,6 +5,9 @@
 //! nests. Splits keep a tree of the parts of each axis so that a split whose factors do not
 //! divide the extent gets a guard on exactly the part it overran.
 
+use crate::limits::{
+    MAX_BODY_NODES, MAX_LOOPS_PER_STAGE, MAX_NEST_ITERATIONS, MAX_SPLIT_FACTORS, MAX_STEPS,
+};
 use crate::loop_ir::{LoopKind, Nest, Program, SharedBox, Stmt};
 use crate::schedule::{Schedule, Step};
 use crate::shared_read::{bound_vars, footprint, MAX_SHARED_BYTES};
@@ -24,6 +27,9 @@ pub enum ScheduleError {
     /// The graph itself is invalid.
     #[error("invalid graph: {0}")]
     Graph(#[from] harl_te::GraphError),
+    /// The schedule has more steps than [`MAX_STEPS`].
+    #[error("schedule of {0} steps exceeds the limit of {MAX_STEPS}")]
+    TooManySteps(usize),
     /// A step is invalid at the point it is applied.
     #[error("step {index} ({step:?}) is invalid: {why}")]
     Step {
@@ -119,8 +125,20 @@ impl StageState {
         self.loops[..=pos].iter().any(|l| l.reduce)
     }
 
+    /// Never overflows: [`Lowering::check_nest`] bounds the product of all leaf extents.
     fn loop_extent(&self, l: &LoopState) -> usize {
-        l.parts.iter().map(|&p| self.nodes[p].extent).product()
+        l.parts
+            .iter()
+            .map(|&p| self.nodes[p].extent)
+            .fold(1usize, usize::saturating_mul)
+    }
+
+    /// Iterations of the whole nest, or `None` past `usize`.
+    fn nest_iterations(&self) -> Option<usize> {
+        self.loops
+            .iter()
+            .flat_map(|l| &l.parts)
+            .try_fold(1usize, |acc, &p| acc.checked_mul(self.nodes[p].extent))
     }
 
     fn leaves(&self, n: NodeId, out: &mut Vec<NodeId>) {
@@ -148,6 +166,13 @@ struct Lowering {
     shared_bytes: usize,
 }
 
+/// Nodes of an expression tree.
+fn node_count(e: &Expr) -> usize {
+    let mut n = 0usize;
+    e.visit(&mut |_| n += 1);
+    n
+}
+
 /// Whether `order` lists each of `0..n` exactly once.
 fn is_permutation(order: &[usize], n: usize) -> bool {
     let mut seen = vec![false; n];
@@ -159,6 +184,9 @@ fn is_permutation(order: &[usize], n: usize) -> bool {
 
 /// Applies `schedule` to `graph` and emits the loop program, validating every step.
 pub fn lower(graph: &Graph, schedule: &Schedule) -> Result<Program, ScheduleError> {
+    if schedule.steps.len() > MAX_STEPS {
+        return Err(ScheduleError::TooManySteps(schedule.steps.len()));
+    }
     graph.validate()?;
     let stages = graph
         .stages
@@ -247,7 +275,8 @@ impl Lowering {
                 Ok(())
             }
             Step::Fuse { stage, at } => {
-                self.check_loop(*stage, *at + 1)?;
+                let inner = at.checked_add(1).ok_or("no loop after the last one")?;
+                self.check_loop(*stage, inner)?;
                 if self.stages[*stage].loops[*at].kind != LoopKind::Serial
                     || self.stages[*stage].loops[*at + 1].kind != LoopKind::Serial
                 {
@@ -428,6 +457,17 @@ impl Lowering {
         if factors.is_empty() || factors.contains(&0) {
             return Err("split factors must be non-empty and positive".into());
         }
+        if factors.len() > MAX_SPLIT_FACTORS {
+            return Err(format!(
+                "a split into {} factors exceeds the limit of {MAX_SPLIT_FACTORS}",
+                factors.len()
+            ));
+        }
+        if st.loops.len() + factors.len() > MAX_LOOPS_PER_STAGE {
+            return Err(format!(
+                "the split would give stage {s} more than {MAX_LOOPS_PER_STAGE} loops"
+            ));
+        }
         let lp = st.loops[at].clone();
         if lp.parts.len() != 1 {
             return Err("cannot split a fused loop".into());
@@ -442,15 +482,18 @@ impl Lowering {
             stride,
             ..
         } = st.nodes[node];
-        let inner: usize = factors.iter().product();
-        if inner > extent {
-            return Err(format!("factors {factors:?} exceed the extent {extent}"));
-        }
+        // Checked: factors from a cache file may multiply past usize and wrap to a small
+        // product that would pass the test below.
+        let inner = factors
+            .iter()
+            .try_fold(1usize, |acc, &f| acc.checked_mul(f))
+            .filter(|&inner| inner <= extent)
+            .ok_or_else(|| format!("factors {factors:?} exceed the extent {extent}"))?;
         let outer = extent.div_ceil(inner);
         let mut extents = vec![outer];
         extents.extend_from_slice(factors);
         let mut new_loops = Vec::new();
-        let mut child_stride = stride * inner;
+        let mut child_stride = stride.checked_mul(inner).ok_or("split strides overflow")?;
         for (k, &e) in extents.iter().enumerate() {
             if k > 0 {
                 child_stride /= e;
@@ -470,9 +513,15 @@ impl Lowering {
                 reduce: lp.reduce,
             });
         }
+        // outer * inner < extent + inner <= 2 * extent: no overflow.
         st.nodes[node].overrun = outer * inner != extent;
         st.loops.splice(at..=at, new_loops);
-        Ok(())
+        match st.nest_iterations() {
+            Some(n) if n <= MAX_NEST_ITERATIONS => Ok(()),
+            _ => Err(format!(
+                "the split's remainders make stage {s}'s nest exceed {MAX_NEST_ITERATIONS} iterations"
+            )),
+        }
     }
 
     fn rfactor(&mut self, s: usize, factor: usize) -> Result<(), String> {
@@ -622,8 +671,29 @@ impl Lowering {
         if self.attached.keys().any(|&(t, _)| t == s) {
             return Err("a stage with an attached epilogue cannot be inlined".into());
         }
-        self.stages[s].attach = Attach::Inline;
         let body = self.graph.stages[s].body.clone();
+        let body_nodes = node_count(&body);
+        for c in s + 1..self.graph.stages.len() {
+            // Each load of stage `s` becomes a copy of its body: bound the result before
+            // building it.
+            // (Its axes become the load's indices, so a copy is at most body x indices.)
+            let consumer = &self.graph.stages[c].body;
+            let mut grown = node_count(consumer);
+            consumer.visit(&mut |e| {
+                if let Expr::Load(TensorRef::Stage(t), idx) = e {
+                    if *t == s {
+                        let idx_nodes: usize = idx.iter().map(node_count).sum();
+                        grown = grown.saturating_add(body_nodes.saturating_mul(1 + idx_nodes));
+                    }
+                }
+            });
+            if grown > MAX_BODY_NODES {
+                return Err(format!(
+                    "inlining stage {s} would give stage {c} a body of more than {MAX_BODY_NODES} nodes"
+                ));
+            }
+        }
+        self.stages[s].attach = Attach::Inline;
         for c in s + 1..self.graph.stages.len() {
             let new = self.graph.stages[c].body.map(&mut |e| match e {
                 Expr::Load(TensorRef::Stage(t), idx) if t == s => substitute_axes(&body, &idx),
