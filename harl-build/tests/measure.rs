@@ -14,6 +14,7 @@ use harl_build::tune::measure::{
     reference_data, Candidate, MeasureConfig, MeasureError, Measurer, TrialError,
 };
 use harl_te::ops::workloads as w;
+use harl_te::{DType, ReduceOp};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -203,8 +204,11 @@ fn same_seed_same_inputs_and_points() {
     assert_eq!(a, b);
     let c = reference_data(&graph, 43, 50).expect("reference");
     assert_ne!(a.inputs, c.inputs);
-    assert_ne!(a.points, c.points);
-    assert!(a.inputs.iter().flatten().all(|v| (-1.0..1.0).contains(v)));
+    // The output (4 x 8 x 8) is small: every element is checked.
+    assert_eq!(a.points, (0..256).collect::<Vec<_>>());
+    assert_eq!(a.points, c.points);
+    assert!(a.inputs.iter().flatten().all(|v| v.abs() < 16.0));
+    assert!(a.inputs.iter().flatten().any(|v| v.abs() > 4.0));
     // The expected values are the interpreter's.
     let refs: Vec<&[f64]> = a.inputs.iter().map(Vec::as_slice).collect();
     let full = harl_te::interp::run(&graph, &refs).expect("run");
@@ -285,4 +289,223 @@ fn a_build_past_its_limit_is_bisected_to_its_candidate() {
     // The whole batch hung for 30 s, then the hanging half for 15 s (the message above says
     // which limit killed it; no upper bound here, as builds of parallel tests share the lock).
     assert!(took >= limit + limit / 2, "{took:?}");
+}
+
+/// A correct `[48, 64] x [64, 40]` matmul into `out`, as raw source lines.
+const MATMUL_48_64_40: &str = "for i in 0..48 {\n        for j in 0..40 {\n            out[i * 40 + j] = (0..64).map(|k| a[i * 64 + k] * b[k * 40 + j]).sum();\n        }\n    }";
+
+/// A raw candidate of a one-input row reduction over `[64, 128]` (type `t`) with the given body.
+fn raw_rows(t: &str, body: &str) -> Candidate {
+    Candidate::RawSource(format!(
+        "pub fn run(x: &[{t}], out: &mut [{t}]) -> Result<(), harl::KernelError> {{\n    for i in 0..64 {{\n        {body}\n    }}\n    Ok(())\n}}"
+    ))
+}
+
+/// A raw candidate of the `[16, 32] x [32]` i32 matvec with the given loop over `j`.
+fn raw_matvec(range: &str, extra: &str) -> Candidate {
+    Candidate::RawSource(format!(
+        "pub fn run(a: &[i32], c: &[i32], out: &mut [i32]) -> Result<(), harl::KernelError> {{\n    for i in 0..16 {{\n        let mut s = 0i32;\n        for j in {range} {{\n            s = s.wrapping_add(a[i * 32 + j].wrapping_mul(c[j]));\n        }}\n        out[i] = s{extra};\n    }}\n    Ok(())\n}}"
+    ))
+}
+
+/// The measurer's self-test: hand-written known-bad candidates, fed to the real measurer, are
+/// each one failed trial with a reason that says what was wrong; the correct candidates of the
+/// same batches (hand-written and generated) are measured.
+#[test]
+fn known_bad_candidates_are_rejected() {
+    let graph = w::matmul(48, 64, 40).expect("matmul");
+    let forged = r#"println!("{{\"median_s\":1e-9,\"min_s\":1e-9,\"max_s\":1e-9,\"runs\":3}}");"#;
+    let cases: Vec<(&str, Candidate, fn(&Option<TrialError>) -> bool)> = vec![
+        ("correct raw matmul", raw(&format!("{MATMUL_48_64_40}\n    Ok(())")), |e| e.is_none()),
+        (
+            "correct schedule",
+            Candidate::Schedule(default_schedule(&graph, &CpuTarget::host())),
+            |e| e.is_none(),
+        ),
+        (
+            "writes one past the end of its output",
+            raw(&format!("{MATMUL_48_64_40}\n    let n = out.len();\n    // SAFETY: none; one past the end on purpose.\n    unsafe {{ out.as_mut_ptr().add(n).write(0.0) }};\n    Ok(())")),
+            |e| matches!(e, Some(TrialError::WrongResult(m)) if m.contains("outside its output") && m.contains("index 1920")),
+        ),
+        (
+            "writes one before the start of its output",
+            raw(&format!("{MATMUL_48_64_40}\n    // SAFETY: none; one before the start on purpose.\n    unsafe {{ out.as_mut_ptr().sub(1).write(0.0) }};\n    Ok(())")),
+            |e| matches!(e, Some(TrialError::WrongResult(m)) if m.contains("outside its output") && m.contains("index -1")),
+        ),
+        (
+            "writes to an input",
+            raw(&format!("{MATMUL_48_64_40}\n    // SAFETY: none; a write through a shared slice on purpose.\n    unsafe {{ (b.as_ptr() as *mut f32).add(7).write_volatile(0.5) }};\n    Ok(())")),
+            |e| matches!(e, Some(TrialError::WrongResult(m)) if m.contains("wrote to its inputs: input 1, element 7")),
+        ),
+        (
+            "skips one output element",
+            raw("for i in 0..48 {\n        for j in 0..40 {\n            if i * 40 + j == 1000 { continue; }\n            out[i * 40 + j] = (0..64).map(|k| a[i * 64 + k] * b[k * 40 + j]).sum();\n        }\n    }\n    Ok(())"),
+            |e| matches!(e, Some(TrialError::WrongResult(m)) if m.contains("1 of 1920 output elements were never written; first: element 1000")),
+        ),
+        (
+            "drops the last reduction term",
+            raw("for i in 0..48 {\n        for j in 0..40 {\n            out[i * 40 + j] = (0..63).map(|k| a[i * 64 + k] * b[k * 40 + j]).sum();\n        }\n    }\n    Ok(())"),
+            |e| matches!(e, Some(TrialError::WrongResult(m)) if m.contains("checked elements differ")),
+        ),
+        (
+            "drops negative terms",
+            raw("for i in 0..48 {\n        for j in 0..40 {\n            out[i * 40 + j] = (0..64).map(|k| (a[i * 64 + k] * b[k * 40 + j]).max(0.0)).sum();\n        }\n    }\n    Ok(())"),
+            |e| matches!(e, Some(TrialError::WrongResult(m)) if m.contains("checked elements differ")),
+        ),
+        (
+            "prints a forged result line, then exits",
+            raw(&format!("{forged}\n    std::process::exit(0)")),
+            |e| matches!(e, Some(TrialError::WrongResult(m)) if m.contains("printed a result line of its own")),
+        ),
+        (
+            "prints a forged result line with a guessed nonce, then exits",
+            raw(r#"println!("{{\"nonce\":\"00000000000000000000000000000000\",\"median_s\":1e-9,\"min_s\":1e-9,\"max_s\":1e-9,\"runs\":3}}");
+    std::process::exit(0)"#),
+            |e| matches!(e, Some(TrialError::WrongResult(m)) if m.contains("printed a result line of its own")),
+        ),
+        (
+            "prints a forged result line, then computes correctly",
+            raw(&format!("{forged}\n    {MATMUL_48_64_40}\n    Ok(())")),
+            |e| matches!(e, Some(TrialError::WrongResult(m)) if m.contains("printed a result line of its own")),
+        ),
+        (
+            "exits quietly",
+            raw("std::process::exit(0)"),
+            |e| matches!(e, Some(TrialError::Crash(m)) if m.contains("printed no result")),
+        ),
+        (
+            "sleeps forever",
+            raw("std::thread::sleep(std::time::Duration::MAX);\n    Ok(())"),
+            |e| matches!(e, Some(TrialError::Timeout)),
+        ),
+        (
+            "aborts",
+            raw("std::process::abort()"),
+            |e| matches!(e, Some(TrialError::Crash(m)) if m.starts_with("signal 6 (SIGABRT)")),
+        ),
+        (
+            "reads stdin for the nonce",
+            raw(r#"let mut s = String::new();
+    let _ = std::io::Read::read_to_string(&mut std::io::stdin(), &mut s);
+    println!("{{\"nonce\":\"{}\",\"median_s\":1e-9,\"min_s\":1e-9,\"max_s\":1e-9,\"runs\":3}}", s.trim());
+    std::process::exit(0)"#),
+            |e| matches!(e, Some(TrialError::WrongResult(m)) if m.contains("printed a result line of its own")),
+        ),
+    ];
+    let max_rows = common::row_reduce(64, 128, DType::F32, ReduceOp::Max);
+    let min_rows = common::row_reduce(64, 128, DType::F32, ReduceOp::Min);
+    let matvec = common::i32_matvec(16, 32);
+    let max_cases: Vec<(&str, Candidate, fn(&Option<TrialError>) -> bool)> = vec![
+        (
+            "correct row max",
+            raw_rows("f32", "out[i] = x[i * 128..(i + 1) * 128].iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));"),
+            |e| e.is_none(),
+        ),
+        (
+            "row max schedule",
+            Candidate::Schedule(default_schedule(&max_rows, &CpuTarget::host())),
+            |e| e.is_none(),
+        ),
+        (
+            "row max that starts at 0",
+            raw_rows("f32", "out[i] = x[i * 128..(i + 1) * 128].iter().fold(0.0f32, |m, &v| m.max(v));"),
+            |e| matches!(e, Some(TrialError::WrongResult(m)) if m.contains("checked elements differ")),
+        ),
+    ];
+    let min_cases: Vec<(&str, Candidate, fn(&Option<TrialError>) -> bool)> = vec![
+        (
+            "row min schedule",
+            Candidate::Schedule(default_schedule(&min_rows, &CpuTarget::host())),
+            |e| e.is_none(),
+        ),
+        (
+            "row min that starts at 0",
+            raw_rows(
+                "f32",
+                "out[i] = x[i * 128..(i + 1) * 128].iter().fold(0.0f32, |m, &v| m.min(v));",
+            ),
+            |e| matches!(e, Some(TrialError::WrongResult(m)) if m.contains("checked elements differ")),
+        ),
+    ];
+    let matvec_cases: Vec<(&str, Candidate, fn(&Option<TrialError>) -> bool)> = vec![
+        ("correct i32 matvec", raw_matvec("0..32", ""), |e| {
+            e.is_none()
+        }),
+        (
+            "i32 matvec schedule",
+            Candidate::Schedule(default_schedule(&matvec, &CpuTarget::host())),
+            |e| e.is_none(),
+        ),
+        (
+            "i32 matvec with a loop bound off by one",
+            raw_matvec("0..31", ""),
+            |e| matches!(e, Some(TrialError::WrongResult(m)) if m.contains("checked elements differ")),
+        ),
+        (
+            "i32 matvec off by one",
+            raw_matvec("0..32", ".wrapping_add(1)"),
+            |e| matches!(e, Some(TrialError::WrongResult(m)) if m.contains("checked elements differ")),
+        ),
+    ];
+    let mut m = Measurer::new(config()).expect("measurer");
+    let mut failures = Vec::new();
+    for (g, cases) in [
+        (&graph, cases),
+        (&max_rows, max_cases),
+        (&min_rows, min_cases),
+        (&matvec, matvec_cases),
+    ] {
+        let candidates: Vec<Candidate> = cases.iter().map(|(_, c, _)| c.clone()).collect();
+        let res = m.measure(g, &candidates);
+        assert_eq!(res.len(), cases.len());
+        for ((what, _, ok), r) in cases.iter().zip(&res) {
+            eprintln!("{what}: {:?}", r.error);
+            if !ok(&r.error) {
+                failures.push(format!("{what}: {r:?}"));
+            } else if r.error.is_some() {
+                // A rejection never counts a time.
+                assert!(r.latency_s.is_none() && r.runs == 0, "{what}: {r:?}");
+            } else {
+                assert!(r.is_ok() && r.runs >= 3, "{what}: {r:?}");
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The stronger checks (signed slices, large values, full checks, exact integers, guards) do
+/// not reject legitimate kernels: generated candidates of graphs with long sums, exp, division
+/// by a norm, max reductions, f64 math and i32 arithmetic all pass, reassociated and FMA-
+/// contracted as their schedules make them.
+#[test]
+fn legitimate_schedules_pass_the_stronger_checks() {
+    let graphs = vec![
+        (
+            "dense_bias_relu",
+            w::dense_bias_relu(24, 512, 40).expect("dense"),
+        ),
+        ("softmax", w::softmax(16, 96).expect("softmax")),
+        ("layer_norm", w::layer_norm(16, 96).expect("layer_norm")),
+        (
+            "conv2d",
+            w::conv2d(1, 16, 10, 10, 8, 3, 3, 1, 1, 1, 1).expect("conv2d"),
+        ),
+        ("f64_math", common::f64_math()),
+        ("i32_arith", common::i32_arith()),
+    ];
+    let mut m = Measurer::new(config()).expect("measurer");
+    let mut failures = Vec::new();
+    for (name, g) in &graphs {
+        let mut candidates = vec![
+            Candidate::Schedule(default_schedule(g, &CpuTarget::host())),
+            Candidate::Schedule(Schedule::naive()),
+        ];
+        candidates.extend((0..3).map(|s| Candidate::Schedule(common::random_schedule(g, s, 12))));
+        for (i, r) in m.measure(g, &candidates).iter().enumerate() {
+            if !r.is_ok() {
+                failures.push(format!("{name} candidate {i}: {:?}", r.error));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -12,14 +12,24 @@
 //! a build killed at [`MeasureConfig::build_timeout`] is bisected the same way, each half with
 //! half the limit.
 //!
-//! The reference is computed once per workload: random inputs from [`MeasureConfig::seed`] and
-//! the interpreter's output at [`MeasureConfig::check_points`] random elements
-//! ([`harl_te::interp::eval_points`]), written to a binary file the worker reads. Each candidate
-//! then runs in its own worker process, under a wall-clock timeout, inside a rayon pool of
-//! [`MeasureConfig::threads`] threads: one checked run, warm-up runs, then timed runs until both
+//! The reference is computed once per workload: random inputs from [`MeasureConfig::seed`]
+//! (both signs, slices of one sign, a few large values: see [`ReferenceData::inputs`]) and the
+//! interpreter's whole output when it has at most [`FULL_CHECK_MAX`] elements, else its value
+//! at [`MeasureConfig::check_points`] random elements ([`harl_te::interp::eval_points`]),
+//! written to a binary file the worker reads. Each candidate then runs in its own worker
+//! process, under a wall-clock timeout, inside a rayon pool of [`MeasureConfig::threads`]
+//! threads: one checked run, warm-up runs, then timed runs until both
 //! [`MeasureConfig::min_time`] and [`MeasureConfig::min_repeats`] are reached; it reports the
 //! median, minimum and maximum. A crash, a hang, a wrong result, a compile error or a schedule
 //! that does not lower is one failed [`Measurement`], never a panic or a failed build.
+//!
+//! The checked run also rejects a kernel that writes outside its output or into its inputs
+//! (guard elements around every buffer, a pristine copy of the inputs), that leaves an output
+//! element unwritten (a sentinel pre-fill, scanned in full), or whose process prints a result
+//! line of its own (the worker's line carries a per-run nonce the kernel cannot know; see
+//! `parse_result`). All of it happens before or after the timed runs, never inside them.
+//! `tests/measure.rs` feeds such known-bad candidates ([`Candidate::RawSource`]) to the
+//! measurer.
 //!
 //! Caches are not flushed between repeats: kernels are timed warm, as they run back to back in
 //! a network.
@@ -29,11 +39,11 @@ use crate::lower::lower;
 use crate::schedule::Schedule;
 use crate::target::TargetFingerprint;
 use crate::tune::rng::Rng;
-use harl_te::{interp, DType, Graph};
+use harl_te::{interp, DType, Graph, ReduceOp};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::fs::{self, File};
-use std::io::{self, Read};
+use std::io::{self, Read, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -53,7 +63,7 @@ static BATCH_SERIAL: AtomicU64 = AtomicU64::new(0);
 /// Bytes of a worker's stdout and stderr kept.
 const PIPE_KEEP: usize = 64 * 1024;
 /// Magic bytes of the reference data file.
-const DATA_MAGIC: &[u8; 8] = b"HARLMD1\0";
+const DATA_MAGIC: &[u8; 8] = b"HARLMD2\0";
 
 /// How the measurer builds and runs candidates.
 #[derive(Clone, Debug)]
@@ -74,7 +84,9 @@ pub struct MeasureConfig {
     pub min_repeats: usize,
     /// Untimed runs after the check, before timing.
     pub warmup: usize,
-    /// Output elements checked against the interpreter (all of them for smaller outputs).
+    /// Output elements checked against the interpreter, at random, for outputs over
+    /// [`FULL_CHECK_MAX`] elements; smaller ones (and ones of at most this many) are checked
+    /// in full.
     pub check_points: usize,
     /// Seed of the reference inputs and the checked elements.
     pub seed: u64,
@@ -210,19 +222,40 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> MeasureError + '_ {
     }
 }
 
+/// Outputs of at most this many elements are checked in full, whatever
+/// [`MeasureConfig::check_points`] says: the reference then costs one interpreter run of the
+/// graph (seconds at most, once per workload), and no wrong element can hide between random
+/// points. Larger outputs are checked at `check_points` random elements, and every element of
+/// them is still scanned for the pre-filled sentinel (a skipped element).
+pub const FULL_CHECK_MAX: usize = 1 << 20;
+
 /// What a candidate is checked against: inputs, the checked output elements and their values.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ReferenceData {
-    /// One buffer per graph input (f32 values in [-1, 1), i32 values in -8..=8 without 0, so
-    /// that integer divisions are defined).
+    /// One buffer per graph input. Floats are mostly uniform in [-1, 1); along every axis about
+    /// one index in eight is a *signed slice* whose elements all take one sign (negative where
+    /// the graph has max reductions, positive where it has only min ones, alternating per input
+    /// otherwise), so reductions over whole windows of one sign exist whatever axes are reduced
+    /// (a max that starts at 0 instead of -inf is wrong there); and one element in 32 is scaled
+    /// by 4 to 16 (a dropped or mis-signed large term stands out of the tolerance). i32 values
+    /// are in -8..=8 without 0 (integer divisions stay defined), with the same signed slices.
     pub inputs: Vec<Vec<f64>>,
-    /// Checked flat output indices, ascending, without repeats (always the first and the last).
+    /// Checked flat output indices, ascending, without repeats (always the first and the last;
+    /// every element when the output has at most [`FULL_CHECK_MAX`]).
     pub points: Vec<usize>,
     /// The interpreter's output at `points`.
     pub expected: Vec<f64>,
-    /// Relative tolerance: `|got - want| <= tolerance * (1 + |want|)`; 1e-5 times the longest
-    /// reduction of the graph (kernels contract into FMAs and reassociate, the interpreter does
-    /// neither).
+    /// Relative tolerance: an element passes when `got == want` (infinities included) or
+    /// `|got - want| <= tolerance * (1 + |want|)`; 1e-5 times the longest reduction of the graph
+    /// (kernels contract into FMAs and reassociate, the interpreter does neither), and 0 for a
+    /// graph that is integer throughout (wrapping i32 arithmetic is exact in any order).
+    ///
+    /// Why this stays safe with large inputs: reordering a K-term f32 sum changes it by about
+    /// `u * K * sigma` in practice (u = 6e-8 the unit roundoff, sigma the spread of one term,
+    /// about 1.5 for a product of two of these inputs), far under the tolerance's floor of
+    /// 1e-5 K even where `want` cancels to near 0; while a dropped or mis-signed term shifts
+    /// the element by the term itself, which is 0.1 or more for most terms. (A bound scaled by
+    /// the sum of the terms' magnitudes would be looser by sqrt(K) and miss those.)
     pub tolerance: f64,
 }
 
@@ -234,37 +267,77 @@ pub fn reference_data(
 ) -> Result<ReferenceData, interp::InterpError> {
     graph.validate()?;
     let mut rng = Rng::new(seed);
+    let has = |op: ReduceOp| {
+        graph
+            .stages
+            .iter()
+            .any(|s| s.reduce.as_ref().is_some_and(|r| r.op == op))
+    };
+    let (max, min) = (has(ReduceOp::Max), has(ReduceOp::Min));
     let mut inputs = Vec::with_capacity(graph.inputs.len());
-    for p in &graph.inputs {
+    for (pi, p) in graph.inputs.iter().enumerate() {
         let n: usize = p.shape.iter().product();
         let mut r = rng.fork();
-        let buf: Vec<f64> = match p.dtype {
-            DType::I32 => (0..n)
-                .map(|_| {
+        // Negative slices expose a max's identity, positive ones a min's.
+        let negative = match (max, min) {
+            (true, false) => true,
+            (false, true) => false,
+            _ => pi % 2 == 0,
+        };
+        let sign = if negative { -1.0 } else { 1.0 };
+        let slices: Vec<Vec<bool>> = p
+            .shape
+            .iter()
+            .map(|&e| (0..e).map(|_| r.chance(0.125)).collect())
+            .collect();
+        let mut idx = vec![0usize; p.shape.len()];
+        let mut buf = Vec::with_capacity(n);
+        for _ in 0..n {
+            let signed = idx.iter().zip(&slices).any(|(&i, s)| s[i]);
+            let v = match p.dtype {
+                DType::I32 => {
                     let v = 1 + r.below(8) as i64;
                     (if r.chance(0.5) { -v } else { v }) as f64
-                })
-                .collect(),
-            DType::F64 => (0..n).map(|_| r.unit() * 2.0 - 1.0).collect(),
-            _ => (0..n)
-                .map(|_| (r.unit() * 2.0 - 1.0) as f32 as f64)
-                .collect(),
-        };
+                }
+                _ => {
+                    let v = r.unit() * 2.0 - 1.0;
+                    if r.chance(1.0 / 32.0) {
+                        v * (4.0 + 12.0 * r.unit())
+                    } else {
+                        v
+                    }
+                }
+            };
+            let v = if signed { sign * v.abs() } else { v };
+            buf.push(match p.dtype {
+                DType::F64 | DType::I32 => v,
+                _ => v as f32 as f64,
+            });
+            // Row-major increment of the multi-index.
+            for (d, &e) in p.shape.iter().enumerate().rev() {
+                idx[d] += 1;
+                if idx[d] < e {
+                    break;
+                }
+                idx[d] = 0;
+            }
+        }
         inputs.push(buf);
     }
     let size = graph.stages.last().map_or(0, |s| s.size());
-    let mut points: Vec<usize> = if check_points >= size {
-        (0..size).collect()
+    let refs: Vec<&[f64]> = inputs.iter().map(Vec::as_slice).collect();
+    let (points, expected) = if check_points >= size || size <= FULL_CHECK_MAX {
+        // One plain run beats point-wise evaluation (memoised per element) for a whole output.
+        ((0..size).collect(), interp::run(graph, &refs)?)
     } else {
         let mut r = rng.fork();
         let mut v = vec![0, size - 1];
         v.extend((0..check_points.saturating_sub(2)).map(|_| r.below(size)));
-        v
+        v.sort_unstable();
+        v.dedup();
+        let expected = interp::eval_points(graph, &refs, &v)?;
+        (v, expected)
     };
-    points.sort_unstable();
-    points.dedup();
-    let refs: Vec<&[f64]> = inputs.iter().map(Vec::as_slice).collect();
-    let expected = interp::eval_points(graph, &refs, &points)?;
     let longest = graph
         .stages
         .iter()
@@ -273,11 +346,17 @@ pub fn reference_data(
         .max()
         .unwrap_or(1)
         .max(1);
+    let integer = graph
+        .inputs
+        .iter()
+        .map(|p| p.dtype)
+        .chain(graph.stages.iter().map(|s| s.dtype))
+        .all(|d| matches!(d, DType::I32 | DType::Bool));
     Ok(ReferenceData {
         inputs,
         points,
         expected,
-        tolerance: 1e-5 * longest as f64,
+        tolerance: if integer { 0.0 } else { 1e-5 * longest as f64 },
     })
 }
 
@@ -806,7 +885,7 @@ impl Measurer {
             .arg(format!("{cutoff_s:e}"))
             .env_remove("HARL_ISA")
             .env("RUST_BACKTRACE", "0")
-            .stdin(Stdio::null())
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn();
@@ -814,6 +893,12 @@ impl Measurer {
             Ok(child) => child,
             Err(e) => return crash(format!("cannot run the worker: {e}")),
         };
+        // The nonce through stdin, closed at once: a few bytes, under any pipe's buffer, so
+        // the write does not block; a worker that dies first is reported by its exit status.
+        let nonce = run_nonce();
+        if let Some(mut stdin) = child.stdin.take() {
+            let _ = writeln!(stdin, "{nonce}");
+        }
         let deadline = Instant::now() + timeout;
         // The worker's stdout closes when it exits: waiting for that needs no polling.
         let stdout = child.stdout.take().map(read_tail);
@@ -835,7 +920,7 @@ impl Measurer {
             .or_else(|| stdout.and_then(|rx| rx.recv_timeout(grace).ok()))
             .unwrap_or_default();
         if status.success() {
-            parse_result(&out)
+            parse_result(&out, &nonce)
         } else {
             let err = stderr
                 .and_then(|rx| rx.recv_timeout(grace).ok())
@@ -1033,22 +1118,64 @@ fn describe_exit(status: ExitStatus, stderr: &str) -> String {
     }
 }
 
-/// Reads the worker's result line (the last line of stdout that is a JSON object).
-fn parse_result(stdout: &str) -> Measurement {
+/// A fresh nonce for one worker run: 128 bits from std's randomly keyed SipHash (its keys
+/// come from the OS's random source once per thread), over a counter and the clock.
+fn run_nonce() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    static RUNS: AtomicU64 = AtomicU64::new(0);
+    let run = RUNS.fetch_add(1, Ordering::Relaxed);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let half = |salt: u64| {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(salt);
+        h.write_u64(run);
+        h.write_u128(now);
+        h.write_u32(std::process::id());
+        h.finish()
+    };
+    format!("{:016x}{:016x}", half(1), half(2))
+}
+
+/// Reads the worker's result: the line of stdout that is a JSON object with this run's nonce.
+///
+/// The kernel runs inside the worker and shares its stdout, so it could print a line in the
+/// worker's format (a tiny time, then exit or carry on). The nonce is made per run by the
+/// parent and reaches the worker through stdin, which the worker drains before any kernel
+/// runs: not compiled into the binary, not in argv, the environment or /proc/self/environ (an
+/// environment variable stays readable there after `remove_var`), so a kernel cannot know it.
+/// A result-like line without it (a `nonce`, `median_s` or `wrong` key) is a forgery and
+/// fails the candidate even if the real line follows. (This guards against a kernel that
+/// prints, not one that reads the worker's memory; candidates are generated code, and the
+/// self-test's hostile ones print.)
+fn parse_result(stdout: &str, nonce: &str) -> Measurement {
     let crash = |msg: String| Measurement::failed(TrialError::Crash(msg), 0.0);
-    let Some(line) = stdout
-        .lines()
-        .rev()
-        .find(|l| l.trim_start().starts_with('{'))
-    else {
+    let mut result = None;
+    for line in stdout.lines().map(str::trim).filter(|l| l.starts_with('{')) {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if v["nonce"].as_str() == Some(nonce) {
+            result = Some((line, v));
+        } else if ["nonce", "median_s", "wrong"]
+            .iter()
+            .any(|k| v.get(k).is_some())
+        {
+            return Measurement::failed(
+                TrialError::WrongResult(format!(
+                    "the kernel printed a result line of its own: {}",
+                    tail(line, 200)
+                )),
+                0.0,
+            );
+        }
+    }
+    let Some((line, v)) = result else {
         return crash(format!(
             "the worker printed no result: {}",
             tail(stdout, 1000)
         ));
-    };
-    let v: serde_json::Value = match serde_json::from_str(line) {
-        Ok(v) => v,
-        Err(e) => return crash(format!("unreadable worker result {line:?}: {e}")),
     };
     if let Some(w) = v["wrong"].as_str() {
         return Measurement::failed(TrialError::WrongResult(w.to_string()), 0.0);
@@ -1152,55 +1279,123 @@ fn worker_main(graph: &Graph, set: &[usize], variant: Variant) -> String {
     let kernels: Vec<String> = set.iter().map(|i| format!("cand{i}::run")).collect();
     let _ = writeln!(s, "const KERNELS: &[Kernel] = &[{}];", kernels.join(", "));
     let _ = writeln!(s, "const ISA: &str = {:?};", variant.name());
-    let vecs: Vec<String> = tys.iter().map(|t| format!("Vec<{t}>")).collect();
-    let _ = writeln!(s, "struct Inputs({});", vecs.join(", "));
-    let reads: Vec<&str> = tys.iter().map(|_| "r.vec()?").collect();
+    let bufs: Vec<String> = tys.iter().map(|t| format!("Guarded<{t}>")).collect();
+    let _ = writeln!(s, "#[derive(Clone)]\nstruct Inputs({});", bufs.join(", "));
+    let reads: Vec<&str> = tys.iter().map(|_| "r.guarded()?").collect();
     let _ = writeln!(
         s,
         "fn read_inputs(r: &mut Reader) -> Result<Inputs, String> {{ Ok(Inputs({})) }}",
         reads.join(", ")
     );
-    let mut args: Vec<String> = (0..tys.len()).map(|j| format!("&x.{j}")).collect();
+    let mut args: Vec<String> = (0..tys.len()).map(|j| format!("x.{j}.inner()")).collect();
     args.push("out".into());
     let _ = writeln!(
         s,
         "fn call(k: Kernel, x: &Inputs, out: &mut [Out]) -> ::core::result::Result<(), ::harl::KernelError> {{ k({}) }}",
         args.join(", ")
     );
+    let diffs: Vec<String> = (0..tys.len())
+        .map(|j| format!("    if let Some(d) = x.{j}.diff(&y.{j}) {{ return Some(format!(\"input {j}, {{d}}\")); }}\n"))
+        .collect();
+    let _ = writeln!(
+        s,
+        "/// Where `x` differs from the pristine copy `y`, if anywhere.\nfn inputs_changed(x: &Inputs, y: &Inputs) -> Option<String> {{\n{}    None\n}}",
+        diffs.concat()
+    );
     s.push_str(WORKER_HARNESS);
     s
 }
 
 /// The fixed part of the worker (see [`worker_main`] for the per-batch part).
+///
+/// What the checked run guards against, besides a wrong value at a checked element: every
+/// buffer the kernel gets (inputs and output) sits between `GUARD`-element runs of a guard
+/// value that must be intact afterwards (a write past either end); the inputs must equal a
+/// pristine copy (a write through a `&[T]`); the output is pre-filled with a sentinel and no
+/// element may keep it (a skipped element, caught even where no point is checked; a value
+/// that equals the sentinel by chance, an i32 say, is told apart by a second run with another
+/// sentinel). Guards and inputs are checked again after the timed runs. None of this touches
+/// the timed loop: the buffers the kernel gets keep the alignment a plain `Vec` has (the guard
+/// is a multiple of 64 bytes).
+///
+/// The result line carries a nonce the parent writes to the worker's stdin, read to its end
+/// before any kernel runs; see `parse_result`.
 const WORKER_HARNESS: &str = r#"
+/// Guard elements on each side of every buffer: 1 KiB of f32, more than a vector store or a
+/// small tile's row overruns by.
+const GUARD: usize = 256;
+
 trait Elem: Copy {
     const TAG: u8;
     const SIZE: usize;
     fn from_le(b: &[u8]) -> Self;
     fn to_f64(self) -> f64;
+    fn bits(self) -> u64;
     /// What the output holds before the checked run: elements a kernel forgets stay wrong.
+    /// NaNs with payloads arithmetic never makes (it yields the default NaN).
     fn sentinel() -> Self;
+    /// The sentinel of the confirming run (an i32 output may equal the first by chance).
+    fn sentinel2() -> Self;
+    /// What surrounds every buffer.
+    fn guard() -> Self;
 }
 impl Elem for f32 {
     const TAG: u8 = 0;
     const SIZE: usize = 4;
     fn from_le(b: &[u8]) -> Self { let mut a = [0u8; 4]; a.copy_from_slice(b); f32::from_le_bytes(a) }
     fn to_f64(self) -> f64 { self as f64 }
-    fn sentinel() -> Self { f32::NAN }
+    fn bits(self) -> u64 { self.to_bits() as u64 }
+    fn sentinel() -> Self { f32::from_bits(0x7fc0_5eed) }
+    fn sentinel2() -> Self { f32::from_bits(0x7fc0_d00d) }
+    fn guard() -> Self { f32::from_bits(0x7fc0_9a4d) }
 }
 impl Elem for f64 {
     const TAG: u8 = 1;
     const SIZE: usize = 8;
     fn from_le(b: &[u8]) -> Self { let mut a = [0u8; 8]; a.copy_from_slice(b); f64::from_le_bytes(a) }
     fn to_f64(self) -> f64 { self }
-    fn sentinel() -> Self { f64::NAN }
+    fn bits(self) -> u64 { self.to_bits() }
+    fn sentinel() -> Self { f64::from_bits(0x7ff8_0000_0000_5eed) }
+    fn sentinel2() -> Self { f64::from_bits(0x7ff8_0000_0000_d00d) }
+    fn guard() -> Self { f64::from_bits(0x7ff8_0000_0000_9a4d) }
 }
 impl Elem for i32 {
     const TAG: u8 = 2;
     const SIZE: usize = 4;
     fn from_le(b: &[u8]) -> Self { let mut a = [0u8; 4]; a.copy_from_slice(b); i32::from_le_bytes(a) }
     fn to_f64(self) -> f64 { self as f64 }
+    fn bits(self) -> u64 { self as u32 as u64 }
     fn sentinel() -> Self { i32::MIN + 0x5eed }
+    fn sentinel2() -> Self { i32::MAX - 0xd00d }
+    fn guard() -> Self { i32::MIN + 0x9a4d }
+}
+
+/// A buffer of `len` elements between two runs of [`GUARD`] guard elements.
+#[derive(Clone)]
+struct Guarded<T> { buf: Vec<T>, len: usize }
+impl<T: Elem> Guarded<T> {
+    fn filled(len: usize, v: T) -> Self {
+        let mut buf = vec![T::guard(); len + 2 * GUARD];
+        buf[GUARD..GUARD + len].fill(v);
+        Guarded { buf, len }
+    }
+    fn inner(&self) -> &[T] { &self.buf[GUARD..GUARD + self.len] }
+    fn inner_mut(&mut self) -> &mut [T] { &mut self.buf[GUARD..GUARD + self.len] }
+    /// The guard elements that changed: how many, and the first (relative to the buffer).
+    fn guards_broken(&self) -> Option<String> {
+        let g = T::guard().bits();
+        let before = (0..GUARD).filter(|&i| self.buf[i].bits() != g).map(|i| i as i64 - GUARD as i64);
+        let after = (0..GUARD).filter(|&i| self.buf[GUARD + self.len + i].bits() != g).map(|i| (self.len + i) as i64);
+        let broken: Vec<i64> = before.chain(after).collect();
+        let first = *broken.first()?;
+        Some(format!("{} guard elements changed, the first at index {first} of a buffer of {}", broken.len(), self.len))
+    }
+    /// Where this buffer (guards included) differs from `other`, bit for bit.
+    fn diff(&self, other: &Self) -> Option<String> {
+        if let Some(g) = self.guards_broken() { return Some(g); }
+        let i = self.buf.iter().zip(&other.buf).position(|(a, b)| a.bits() != b.bits())?;
+        Some(format!("element {} changed", i - GUARD))
+    }
 }
 
 struct Reader { buf: Vec<u8>, pos: usize }
@@ -1214,15 +1409,18 @@ impl Reader {
     fn u8(&mut self) -> Result<u8, String> { Ok(self.take(1)?[0]) }
     fn u64(&mut self) -> Result<u64, String> { let mut a = [0u8; 8]; a.copy_from_slice(self.take(8)?); Ok(u64::from_le_bytes(a)) }
     fn f64(&mut self) -> Result<f64, String> { Ok(f64::from_bits(self.u64()?)) }
+    fn len(&mut self) -> Result<usize, String> { usize::try_from(self.u64()?).map_err(|e| e.to_string()) }
     fn tagged_len<T: Elem>(&mut self) -> Result<usize, String> {
         let tag = self.u8()?;
         if tag != T::TAG { return Err(format!("data file has element type {tag}, the kernel wants {}", T::TAG)); }
-        usize::try_from(self.u64()?).map_err(|e| e.to_string())
+        self.len()
     }
-    fn vec<T: Elem>(&mut self) -> Result<Vec<T>, String> {
+    fn guarded<T: Elem>(&mut self) -> Result<Guarded<T>, String> {
         let n = self.tagged_len::<T>()?;
         let bytes = self.take(n.checked_mul(T::SIZE).ok_or("bad length")?)?;
-        Ok(bytes.chunks_exact(T::SIZE).map(T::from_le).collect())
+        let mut g = Guarded::filled(n, T::guard());
+        for (d, b) in g.inner_mut().iter_mut().zip(bytes.chunks_exact(T::SIZE)) { *d = T::from_le(b); }
+        Ok(g)
     }
 }
 
@@ -1241,14 +1439,25 @@ fn json_str(s: &str) -> String {
     o
 }
 
+/// The body of a rejection.
+fn wrong(msg: &str) -> String { format!("\"wrong\":{}", json_str(msg)) }
+
 fn arg<T: std::str::FromStr>(args: &[String], i: usize, what: &str) -> Result<T, String> {
     args.get(i).and_then(|a| a.parse().ok()).ok_or_else(|| format!("bad or missing argument {i} ({what})"))
 }
 
 fn main() {
+    // The parent's nonce, read to the end of stdin before any kernel runs: the pipe is then
+    // drained, so a kernel can neither read it again nor find it in argv or the environment.
+    let mut nonce = String::new();
+    if let Err(e) = std::io::Read::read_to_string(&mut std::io::stdin(), &mut nonce) {
+        eprintln!("worker: reading the nonce: {e}");
+        std::process::exit(2);
+    }
+    let nonce = nonce.trim().to_string();
     let args: Vec<String> = std::env::args().collect();
     match real_main(&args) {
-        Ok(line) => println!("{line}"),
+        Ok(body) => println!("{{\"nonce\":{},{body}}}", json_str(&nonce)),
         Err(e) => {
             eprintln!("worker: {e}");
             std::process::exit(2);
@@ -1258,7 +1467,7 @@ fn main() {
 
 fn real_main(args: &[String]) -> Result<String, String> {
     if args.len() != 8 {
-        return Err("usage: worker <candidate> <data file> <threads> <min_time_ms> <min_repeats> <warmup> <cutoff_s>".into());
+        return Err("usage: worker <candidate> <data file> <threads> <min_time_ms> <min_repeats> <warmup> <cutoff_s> < nonce".into());
     }
     let cand: usize = arg(args, 1, "candidate")?;
     let threads: usize = arg(args, 3, "threads")?;
@@ -1277,14 +1486,15 @@ fn real_main(args: &[String]) -> Result<String, String> {
     }
     let bytes = std::fs::read(&args[2]).map_err(|e| format!("{}: {e}", args[2]))?;
     let mut r = Reader { buf: bytes, pos: 0 };
-    if r.take(8)? != b"HARLMD1\0" { return Err("not a harl measure data file".into()); }
+    if r.take(8)? != b"HARLMD2\0" { return Err("not a harl measure data file (version 2)".into()); }
     let inputs = read_inputs(&mut r)?;
     let out_len = r.tagged_len::<Out>()?;
     let tol = r.f64()?;
-    let n = r.u64()? as usize;
-    let mut points = Vec::with_capacity(n);
-    for _ in 0..n {
-        let i = r.u64()? as usize;
+    let dense = r.u8()? == 1;
+    let n = r.len()?;
+    let mut points = Vec::with_capacity(n.min(out_len.saturating_add(2)));
+    for k in 0..n {
+        let i = if dense { k } else { r.len()? };
         points.push((i, r.f64()?));
     }
     let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().map_err(|e| e.to_string())?;
@@ -1294,6 +1504,17 @@ fn real_main(args: &[String]) -> Result<String, String> {
 
 struct Timing { min_time: std::time::Duration, min_repeats: usize, warmup: usize, cutoff: f64 }
 
+/// Everything wrong with the buffers after a run, if anything.
+fn damage(inputs: &Inputs, pristine: &Inputs, out: &Guarded<Out>) -> Option<String> {
+    // The compiler may assume memory behind `&Inputs` never changes (and so that it still
+    // equals its clone): the buffers are read back through opaque references.
+    let (inputs, out) = (std::hint::black_box(inputs), std::hint::black_box(out));
+    if let Some(g) = out.guards_broken() {
+        return Some(format!("the kernel wrote outside its output: {g}"));
+    }
+    inputs_changed(inputs, pristine).map(|d| format!("the kernel wrote to its inputs: {d}"))
+}
+
 fn measure(
     kernel: Kernel,
     inputs: &Inputs,
@@ -1302,19 +1523,37 @@ fn measure(
     points: &[(usize, f64)],
     timing: &Timing,
 ) -> String {
-    let mut out = vec![Out::sentinel(); out_len];
+    // The kernel gets `inputs`; this copy (guards included) tells whether it wrote to them.
+    let pristine = inputs.clone();
+    let mut out = Guarded::<Out>::filled(out_len, Out::sentinel());
     let t = std::time::Instant::now();
-    let checked = call(kernel, inputs, &mut out);
+    let checked = call(kernel, inputs, out.inner_mut());
     let check_s = t.elapsed().as_secs_f64();
     if let Err(e) = checked {
-        return format!("{{\"wrong\":{}}}", json_str(&format!("the kernel returned an error: {e}")));
+        return wrong(&format!("the kernel returned an error: {e}"));
+    }
+    if let Some(d) = damage(inputs, &pristine, &out) {
+        return wrong(&d);
+    }
+    let s1 = Out::sentinel().bits();
+    let unset: Vec<usize> = out.inner().iter().enumerate().filter(|(_, v)| v.bits() == s1).map(|(i, _)| i).collect();
+    if !unset.is_empty() {
+        // Confirmed by a run with another sentinel: a computed value equals at most one.
+        let mut again = Guarded::<Out>::filled(out_len, Out::sentinel2());
+        let _ = call(kernel, inputs, again.inner_mut());
+        let s2 = Out::sentinel2().bits();
+        let still: Vec<usize> = unset.into_iter().filter(|&i| again.inner()[i].bits() == s2).collect();
+        if let Some(first) = still.first() {
+            return wrong(&format!("{} of {out_len} output elements were never written; first: element {first}", still.len()));
+        }
     }
     let mut bad = 0usize;
     let mut first = None;
+    let got_all = out.inner();
     for &(i, want) in points {
-        let got = out.get(i).map_or(f64::NAN, |v| v.to_f64());
-        // NaN compares false: a NaN is wrong.
-        if !((got - want).abs() <= tol * (1.0 + want.abs())) {
+        let got = got_all.get(i).map_or(f64::NAN, |v| v.to_f64());
+        // Equal values pass (infinities too); NaN compares false, so a NaN is wrong.
+        if !(got == want || (got - want).abs() <= tol * (1.0 + want.abs())) {
             bad += 1;
             if first.is_none() {
                 first = Some(format!("element {i}: got {got}, want {want}"));
@@ -1322,37 +1561,41 @@ fn measure(
         }
     }
     if let Some(first) = first {
-        let msg = format!("{bad} of {} checked elements differ (relative tolerance {tol:e}); first: {first}", points.len());
-        return format!("{{\"wrong\":{}}}", json_str(&msg));
+        return wrong(&format!("{bad} of {} checked elements differ (relative tolerance {tol:e}); first: {first}", points.len()));
     }
     // Far slower than the best already: the checked run is its measurement.
     let slow = |s: f64| timing.cutoff > 0.0 && s > timing.cutoff;
     if slow(check_s) {
-        return format!("{{\"median_s\":{check_s:e},\"min_s\":{check_s:e},\"max_s\":{check_s:e},\"runs\":1}}");
+        return format!("\"median_s\":{check_s:e},\"min_s\":{check_s:e},\"max_s\":{check_s:e},\"runs\":1");
     }
     for _ in 0..timing.warmup {
-        let _ = call(kernel, inputs, &mut out);
+        let _ = call(kernel, inputs, out.inner_mut());
     }
     let mut times = Vec::new();
     let start = std::time::Instant::now();
     while times.is_empty() || times.len() < timing.min_repeats || start.elapsed() < timing.min_time {
         let t = std::time::Instant::now();
-        let _ = call(kernel, inputs, &mut out);
+        let _ = call(kernel, inputs, out.inner_mut());
         times.push(t.elapsed().as_secs_f64());
         std::hint::black_box(&mut out);
         if times.len() == 1 && slow(times[0]) {
             break;
         }
     }
+    // Damage done by a later run voids the timing too (checked after it: not timed).
+    if let Some(d) = damage(inputs, &pristine, &out) {
+        return wrong(&format!("after the timed runs: {d}"));
+    }
     times.sort_by(|a, b| a.total_cmp(b));
     let n = times.len();
     let median = if n % 2 == 1 { times[n / 2] } else { 0.5 * (times[n / 2 - 1] + times[n / 2]) };
-    format!("{{\"median_s\":{median:e},\"min_s\":{:e},\"max_s\":{:e},\"runs\":{n}}}", times[0], times[n - 1])
+    format!("\"median_s\":{median:e},\"min_s\":{:e},\"max_s\":{:e},\"runs\":{n}", times[0], times[n - 1])
 }
 "#;
 
 /// The reference data file: inputs, then the output's type and length, the tolerance and the
-/// checked points (all little-endian).
+/// checked points, as a flag (1: every element in order, values only; 0: index-value pairs),
+/// a count and the points (all little-endian).
 fn encode_data(graph: &Graph, r: &ReferenceData) -> Result<Vec<u8>, String> {
     fn tag(d: DType) -> Result<u8, String> {
         match d {
@@ -1379,9 +1622,13 @@ fn encode_data(graph: &Graph, r: &ReferenceData) -> Result<Vec<u8>, String> {
     b.push(tag(last.dtype)?);
     b.extend_from_slice(&(last.size() as u64).to_le_bytes());
     b.extend_from_slice(&r.tolerance.to_le_bytes());
+    let dense = r.points.len() == last.size() && r.points.iter().enumerate().all(|(k, &p)| k == p);
+    b.push(u8::from(dense));
     b.extend_from_slice(&(r.points.len() as u64).to_le_bytes());
     for (&p, &v) in r.points.iter().zip(&r.expected) {
-        b.extend_from_slice(&(p as u64).to_le_bytes());
+        if !dense {
+            b.extend_from_slice(&(p as u64).to_le_bytes());
+        }
         b.extend_from_slice(&v.to_le_bytes());
     }
     Ok(b)
@@ -1440,14 +1687,39 @@ mod tests {
 
     #[test]
     fn worker_results_parse() {
-        let m =
-            parse_result("noise\n{\"median_s\":1e-3,\"min_s\":9e-4,\"max_s\":2e-3,\"runs\":7}\n");
+        let n = "00ff";
+        let m = parse_result(
+            "noise\n{\"nonce\":\"00ff\",\"median_s\":1e-3,\"min_s\":9e-4,\"max_s\":2e-3,\"runs\":7}\n",
+            n,
+        );
         assert_eq!(m.latency_s, Some(1e-3));
         assert_eq!((m.min_s, m.max_s, m.runs), (9e-4, 2e-3, 7));
         assert!(m.is_ok());
-        let m = parse_result("{\"wrong\":\"element 3\"}");
+        let m = parse_result("{\"nonce\":\"00ff\",\"wrong\":\"element 3\"}", n);
         assert_eq!(m.error, Some(TrialError::WrongResult("element 3".into())));
-        assert!(matches!(parse_result("").error, Some(TrialError::Crash(_))));
+        assert!(matches!(
+            parse_result("", n).error,
+            Some(TrialError::Crash(_))
+        ));
+        // Another nonce, or none: a forgery, even before the real line.
+        for forged in [
+            "{\"median_s\":1e-9,\"min_s\":1e-9,\"max_s\":1e-9,\"runs\":3}\n",
+            "{\"nonce\":\"0000\",\"median_s\":1e-9,\"min_s\":1e-9,\"max_s\":1e-9,\"runs\":3}\n",
+        ] {
+            let out = format!("{forged}{{\"nonce\":\"00ff\",\"median_s\":1e-3,\"min_s\":9e-4,\"max_s\":2e-3,\"runs\":7}}");
+            let m = parse_result(&out, n);
+            assert!(
+                matches!(&m.error, Some(TrialError::WrongResult(w)) if w.contains("of its own")),
+                "{m:?}"
+            );
+        }
+        // Other JSON a kernel prints is noise.
+        let m = parse_result(
+            "{\"debug\":1}\n{\"nonce\":\"00ff\",\"median_s\":1e-3,\"min_s\":9e-4,\"max_s\":2e-3,\"runs\":7}",
+            n,
+        );
+        assert!(m.is_ok(), "{m:?}");
+        assert_ne!(run_nonce(), run_nonce());
     }
 
     #[test]
@@ -1495,8 +1767,39 @@ mod tests {
             a.inputs,
             reference_data(&g, 6, 10).expect("reference").inputs
         );
-        assert!(a.points.len() <= 10 && a.points[0] == 0 && a.points.last() == Some(&63));
-        assert_eq!(reference_data(&g, 5, 1000).expect("all").points.len(), 64);
+        // Small outputs are checked in full, whatever `check_points` says.
+        assert_eq!(a.points, (0..64).collect::<Vec<_>>());
         assert!((a.tolerance - 16e-5).abs() < 1e-12);
+        // Above FULL_CHECK_MAX: random points, the first and the last among them.
+        let big = harl_te::ops::workloads::matmul(1025, 1, 1024).expect("matmul");
+        let r = reference_data(&big, 5, 10).expect("reference");
+        assert!(r.points.len() <= 10 && r.points[0] == 0);
+        assert_eq!(r.points.last(), Some(&(1025 * 1024 - 1)));
+    }
+
+    #[test]
+    fn reference_inputs_have_both_signs_large_values_and_signed_slices() {
+        let g = harl_te::ops::workloads::matmul(64, 64, 64).expect("matmul");
+        let r = reference_data(&g, 3, 64).expect("reference");
+        let a = &r.inputs[0];
+        assert!(a.iter().any(|&v| v < 0.0) && a.iter().any(|&v| v > 0.0));
+        assert!(a.iter().any(|&v| v.abs() > 4.0));
+        assert!(a.iter().all(|&v| v.abs() < 16.0));
+        // Some row of the first input is all of one sign, and some of the second.
+        let one_sign = |rows: &[f64], neg: bool| {
+            rows.chunks(64)
+                .any(|row| row.iter().all(|&v| if neg { v <= 0.0 } else { v >= 0.0 }))
+        };
+        assert!(one_sign(a, true));
+        assert!(one_sign(&r.inputs[1], false));
+        // An integer graph is checked exactly.
+        let mut b = harl_te::GraphBuilder::new();
+        let x = b.input("x", &[4, 8], DType::I32);
+        let body = harl_te::load(x, [harl_te::Expr::axis(0), harl_te::Expr::axis(1)]);
+        b.reduce("s", &[4], DType::I32, ReduceOp::Sum, &[8], body);
+        let ig = b.finish().expect("graph");
+        let r = reference_data(&ig, 3, 64).expect("reference");
+        assert_eq!(r.tolerance, 0.0);
+        assert!(r.inputs[0].iter().all(|&v| v != 0.0 && v.abs() <= 8.0));
     }
 }

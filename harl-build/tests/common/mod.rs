@@ -187,3 +187,23 @@ pub fn i32_arith() -> Graph {
     b.reduce("rowsum", &[5], DType::I32, ReduceOp::Sum, &[9], sum);
     b.finish().expect("valid i32 graph")
 }
+
+/// `out[i] = op_j x[i, j]` over a `[rows, cols]` input: the smallest max or min reduction, for
+/// checking that a wrong identity is caught.
+pub fn row_reduce(rows: usize, cols: usize, dtype: DType, op: ReduceOp) -> Graph {
+    let mut b = GraphBuilder::new();
+    let x = b.input("x", &[rows, cols], dtype);
+    let body = load(x, [Expr::axis(0), Expr::axis(1)]);
+    b.reduce("r", &[rows], dtype, op, &[cols], body);
+    b.finish().expect("valid row reduction")
+}
+
+/// `out[i] = sum_j a[i, j] * c[j]` in i32: integer arithmetic that must come out exact.
+pub fn i32_matvec(rows: usize, cols: usize) -> Graph {
+    let mut b = GraphBuilder::new();
+    let a = b.input("a", &[rows, cols], DType::I32);
+    let c = b.input("c", &[cols], DType::I32);
+    let body = load(a, [Expr::axis(0), Expr::axis(1)]) * load(c, [Expr::axis(1)]);
+    b.reduce("mv", &[rows], DType::I32, ReduceOp::Sum, &[cols], body);
+    b.finish().expect("valid i32 graph")
+}
