@@ -308,6 +308,9 @@ fn raw_matvec(range: &str, extra: &str) -> Candidate {
     ))
 }
 
+/// A named candidate and what its trial's error must look like.
+type Case = (&'static str, Candidate, fn(&Option<TrialError>) -> bool);
+
 /// The measurer's self-test: hand-written known-bad candidates, fed to the real measurer, are
 /// each one failed trial with a reason that says what was wrong; the correct candidates of the
 /// same batches (hand-written and generated) are measured.
@@ -315,7 +318,7 @@ fn raw_matvec(range: &str, extra: &str) -> Candidate {
 fn known_bad_candidates_are_rejected() {
     let graph = w::matmul(48, 64, 40).expect("matmul");
     let forged = r#"println!("{{\"median_s\":1e-9,\"min_s\":1e-9,\"max_s\":1e-9,\"runs\":3}}");"#;
-    let cases: Vec<(&str, Candidate, fn(&Option<TrialError>) -> bool)> = vec![
+    let cases: Vec<Case> = vec![
         ("correct raw matmul", raw(&format!("{MATMUL_48_64_40}\n    Ok(())")), |e| e.is_none()),
         (
             "correct schedule",
@@ -395,7 +398,7 @@ fn known_bad_candidates_are_rejected() {
     let max_rows = common::row_reduce(64, 128, DType::F32, ReduceOp::Max);
     let min_rows = common::row_reduce(64, 128, DType::F32, ReduceOp::Min);
     let matvec = common::i32_matvec(16, 32);
-    let max_cases: Vec<(&str, Candidate, fn(&Option<TrialError>) -> bool)> = vec![
+    let max_cases: Vec<Case> = vec![
         (
             "correct row max",
             raw_rows("f32", "out[i] = x[i * 128..(i + 1) * 128].iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));"),
@@ -412,7 +415,7 @@ fn known_bad_candidates_are_rejected() {
             |e| matches!(e, Some(TrialError::WrongResult(m)) if m.contains("checked elements differ")),
         ),
     ];
-    let min_cases: Vec<(&str, Candidate, fn(&Option<TrialError>) -> bool)> = vec![
+    let min_cases: Vec<Case> = vec![
         (
             "row min schedule",
             Candidate::Schedule(default_schedule(&min_rows, &CpuTarget::host())),
@@ -427,7 +430,7 @@ fn known_bad_candidates_are_rejected() {
             |e| matches!(e, Some(TrialError::WrongResult(m)) if m.contains("checked elements differ")),
         ),
     ];
-    let matvec_cases: Vec<(&str, Candidate, fn(&Option<TrialError>) -> bool)> = vec![
+    let matvec_cases: Vec<Case> = vec![
         ("correct i32 matvec", raw_matvec("0..32", ""), |e| {
             e.is_none()
         }),

@@ -14,7 +14,8 @@
 //!
 //! The reference is computed once per workload: random inputs from [`MeasureConfig::seed`]
 //! (both signs, slices of one sign, a few large values: see [`ReferenceData::inputs`]) and the
-//! interpreter's whole output when it has at most [`FULL_CHECK_MAX`] elements, else its value
+//! interpreter's whole output when it has at most [`FULL_CHECK_MAX`] elements (and costs at
+//! most [`FULL_CHECK_WORK`] to compute), else its value
 //! at [`MeasureConfig::check_points`] random elements ([`harl_te::interp::eval_points`]),
 //! written to a binary file the worker reads. Each candidate then runs in its own worker
 //! process, under a wall-clock timeout, inside a rayon pool of [`MeasureConfig::threads`]
@@ -85,8 +86,8 @@ pub struct MeasureConfig {
     /// Untimed runs after the check, before timing.
     pub warmup: usize,
     /// Output elements checked against the interpreter, at random, for outputs over
-    /// [`FULL_CHECK_MAX`] elements; smaller ones (and ones of at most this many) are checked
-    /// in full.
+    /// [`FULL_CHECK_MAX`] elements or graphs over [`FULL_CHECK_WORK`]; others (and outputs of
+    /// at most this many elements) are checked in full.
     pub check_points: usize,
     /// Seed of the reference inputs and the checked elements.
     pub seed: u64,
@@ -223,11 +224,16 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> MeasureError + '_ {
 }
 
 /// Outputs of at most this many elements are checked in full, whatever
-/// [`MeasureConfig::check_points`] says: the reference then costs one interpreter run of the
-/// graph (seconds at most, once per workload), and no wrong element can hide between random
-/// points. Larger outputs are checked at `check_points` random elements, and every element of
-/// them is still scanned for the pre-filled sentinel (a skipped element).
+/// [`MeasureConfig::check_points`] says, when the interpreter's run of the whole graph costs
+/// at most [`FULL_CHECK_WORK`]: no wrong element can hide between random points. Other
+/// outputs are checked at `check_points` random elements, and every element of them is still
+/// scanned for the pre-filled sentinel (a skipped element).
 pub const FULL_CHECK_MAX: usize = 1 << 20;
+
+/// The most interpreter work (reduction terms or elements, summed over the stages) a full check
+/// may cost: about 64M terms, a few seconds once per workload in an optimised build script. A
+/// 512x512x512 matmul is over it by 2x and checked at random points; a 256^3 one in full.
+pub const FULL_CHECK_WORK: usize = 1 << 26;
 
 /// What a candidate is checked against: inputs, the checked output elements and their values.
 #[derive(Clone, Debug, PartialEq)]
@@ -241,7 +247,8 @@ pub struct ReferenceData {
     /// are in -8..=8 without 0 (integer divisions stay defined), with the same signed slices.
     pub inputs: Vec<Vec<f64>>,
     /// Checked flat output indices, ascending, without repeats (always the first and the last;
-    /// every element when the output has at most [`FULL_CHECK_MAX`]).
+    /// every element when the output has at most [`FULL_CHECK_MAX`] and the graph costs at
+    /// most [`FULL_CHECK_WORK`]).
     pub points: Vec<usize>,
     /// The interpreter's output at `points`.
     pub expected: Vec<f64>,
@@ -326,7 +333,15 @@ pub fn reference_data(
     }
     let size = graph.stages.last().map_or(0, |s| s.size());
     let refs: Vec<&[f64]> = inputs.iter().map(Vec::as_slice).collect();
-    let (points, expected) = if check_points >= size || size <= FULL_CHECK_MAX {
+    let work = graph.stages.iter().fold(0usize, |w, s| {
+        let terms = s
+            .reduce
+            .as_ref()
+            .map_or(1, |r| r.extents.iter().product::<usize>());
+        w.saturating_add(s.size().saturating_mul(terms.max(1)))
+    });
+    let full = size <= FULL_CHECK_MAX && work <= FULL_CHECK_WORK;
+    let (points, expected) = if check_points >= size || full {
         // One plain run beats point-wise evaluation (memoised per element) for a whole output.
         ((0..size).collect(), interp::run(graph, &refs)?)
     } else {
@@ -1772,6 +1787,10 @@ mod tests {
         assert!((a.tolerance - 16e-5).abs() < 1e-12);
         // Above FULL_CHECK_MAX: random points, the first and the last among them.
         let big = harl_te::ops::workloads::matmul(1025, 1, 1024).expect("matmul");
+        // Small output, but a long reduction: random points too.
+        let deep = harl_te::ops::workloads::matmul(32, 1 << 17, 32).expect("matmul");
+        let d = reference_data(&deep, 5, 10).expect("reference");
+        assert!(d.points.len() <= 10);
         let r = reference_data(&big, 5, 10).expect("reference");
         assert!(r.points.len() <= 10 && r.points[0] == 0);
         assert_eq!(r.points.last(), Some(&(1025 * 1024 - 1)));
