@@ -247,9 +247,8 @@ impl Lowering {
         }
         if at >= st.loops.len() {
             return Err(format!(
-                "stage {s} has {} loops, not {}",
-                st.loops.len(),
-                at + 1
+                "stage {s} has {} loops; there is no loop {at}",
+                st.loops.len()
             ));
         }
         Ok(())
@@ -657,7 +656,10 @@ impl Lowering {
     }
 
     fn inline(&mut self, s: usize) -> Result<(), String> {
-        if s + 1 >= self.graph.stages.len() {
+        if s >= self.graph.stages.len() {
+            return Err(format!("stage {s} does not exist"));
+        }
+        if s + 1 == self.graph.stages.len() {
             return Err("the output stage cannot be inlined".into());
         }
         if self.graph.stages[s].reduce.is_some() {
@@ -882,7 +884,11 @@ impl Lowering {
             _ => 4,
         };
         // Boxes staged at different loops of the nest are live together.
-        self.shared_bytes += boxes.iter().map(|b| b.len() * elem(b)).sum::<usize>();
+        let bytes = boxes
+            .iter()
+            .map(|b| b.len().saturating_mul(elem(b)))
+            .fold(0usize, usize::saturating_add);
+        self.shared_bytes = self.shared_bytes.saturating_add(bytes);
         let bytes = self.shared_bytes;
         if bytes > MAX_SHARED_BYTES {
             return Err((

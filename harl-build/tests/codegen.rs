@@ -7,7 +7,7 @@ use common::*;
 use harl_build::codegen::{emit_module, KernelMeta, Variant, VariantProgram};
 use harl_build::default_schedule::{default_schedule, CpuTarget};
 use harl_build::lower::lower;
-use harl_build::schedule::Schedule;
+use harl_build::schedule::{Schedule, Step};
 use harl_te::ops::workloads as w;
 use harl_te::{interp, Graph};
 use std::fmt::Write;
@@ -61,12 +61,12 @@ fn workspace_root() -> PathBuf {
 }
 
 /// Writes a crate that runs every case and prints each output on one line.
-fn write_crate(dir: &Path, cases: &[Case]) {
+fn write_crate(dir: &Path, cases: &[Case], package: &str) {
     let root = workspace_root();
     std::fs::create_dir_all(dir.join("src")).expect("mkdir");
     let manifest = format!(
-        "[package]\nname = \"codegen-check\"\nversion = \"0.0.0\"\nedition = \"2021\"\n\n[dependencies]\nharl = {{ path = {:?} }}\n\n[workspace]\n",
-        root.display().to_string()
+        "[package]\nname = \"{package}\"\nversion = \"0.0.0\"\nedition = \"2021\"\n\n[dependencies]\nharl = {{ path = {:?} }}\n\n[workspace]\n",
+        root.display().to_string(),
     );
     std::fs::write(dir.join("Cargo.toml"), manifest).expect("write manifest");
     let mut main = String::from("#![allow(clippy::all)]\n");
@@ -132,9 +132,15 @@ fn write_crate(dir: &Path, cases: &[Case]) {
 
 #[test]
 fn emitted_kernels_match_the_interpreter_on_every_isa() {
-    let cases = cases();
+    check_compiled(&cases(), "codegen-check");
+}
+
+/// Compiles every case into one crate named `package`, runs it on each ISA this machine has
+/// (the dispatcher picks AVX-512, AVX2 or the baseline; `HARL_ISA` caps it) and compares
+/// every output element with the interpreter.
+fn check_compiled(cases: &[Case], package: &str) {
     let dir = tempfile::tempdir().expect("tempdir");
-    write_crate(dir.path(), &cases);
+    write_crate(dir.path(), cases, package);
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let target = workspace_root().join("target").join("codegen-check");
     let build = Command::new(&cargo)
@@ -144,7 +150,7 @@ fn emitted_kernels_match_the_interpreter_on_every_isa() {
         .status()
         .expect("run cargo");
     assert!(build.success(), "generated code failed to compile");
-    let exe = target.join("debug").join("codegen-check");
+    let exe = target.join("debug").join(package);
     for isa in ["native", "avx2", "baseline"] {
         let out = Command::new(&exe)
             .env("HARL_ISA", isa)
@@ -158,7 +164,7 @@ fn emitted_kernels_match_the_interpreter_on_every_isa() {
         let text = String::from_utf8(out.stdout).expect("utf8");
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), cases.len());
-        for (i, (line, case)) in lines.iter().zip(&cases).enumerate() {
+        for (i, (line, case)) in lines.iter().zip(cases).enumerate() {
             let got: Vec<f64> = line
                 .split(' ')
                 .map(|v| v.parse().expect("number"))
@@ -179,4 +185,130 @@ fn emitted_kernels_match_the_interpreter_on_every_isa() {
             );
         }
     }
+}
+
+/// Random step lists, legal and illegal: a legal schedule with random edits (a step inserted,
+/// replaced or removed; any field may be 0, small, 2^32 or usize::MAX). Lowering must reject
+/// or accept each without panicking; every accepted one is compiled and checked element by
+/// element on every ISA. Seeded, so a failure replays.
+#[test]
+fn random_legal_and_illegal_schedules_lower_or_fail_cleanly_and_compute_what_the_interpreter_does()
+{
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+
+    fn field() -> impl Strategy<Value = usize> {
+        prop_oneof![
+            12 => 0..8usize,
+            1 => Just(0usize),
+            1 => Just(1usize << 32),
+            1 => Just(usize::MAX),
+            1 => any::<usize>(),
+        ]
+    }
+    fn step() -> impl Strategy<Value = Step> {
+        let factors = proptest::collection::vec(field(), 0..4);
+        prop_oneof![
+            (field(), field(), factors).prop_map(|(stage, at, factors)| Step::Split {
+                stage,
+                at,
+                factors
+            }),
+            (field(), proptest::collection::vec(field(), 0..8))
+                .prop_map(|(stage, order)| Step::Reorder { stage, order }),
+            (field(), field()).prop_map(|(stage, at)| Step::Fuse { stage, at }),
+            (field(), field(), field()).prop_map(|(stage, target, at)| Step::ComputeAt {
+                stage,
+                target,
+                at
+            }),
+            field().prop_map(|stage| Step::ComputeInline { stage }),
+            (field(), field()).prop_map(|(stage, at)| Step::CacheWrite { stage, at }),
+            (field(), field()).prop_map(|(stage, factor)| Step::Rfactor { stage, factor }),
+            (field(), field(), proptest::collection::vec(field(), 0..5)).prop_map(
+                |(stage, input, order)| Step::CacheRead {
+                    stage,
+                    input,
+                    order
+                }
+            ),
+            (field(), field()).prop_map(|(stage, at)| Step::Parallel { stage, at }),
+            (field(), field()).prop_map(|(stage, at)| Step::Vectorize { stage, at }),
+            (field(), field()).prop_map(|(stage, at)| Step::Unroll { stage, at }),
+        ]
+    }
+    // (kind, position, step): 0 inserts, 1 replaces, 2 removes.
+    let edits = proptest::collection::vec((0..3u8, any::<usize>(), step()), 0..4);
+    let graphs = [
+        matmul(7, 9, 13, true),
+        w::conv2d(1, 3, 6, 6, 4, 3, 3, 1, 1, 1, 1).expect("conv2d"),
+        w::conv2d(1, 4, 7, 7, 4, 3, 3, 2, 1, 1, 4).expect("depthwise"),
+        w::softmax(3, 20).expect("softmax"),
+        w::layer_norm(3, 16).expect("layer_norm"),
+        i32_arith(),
+    ];
+    let strategy = (0..graphs.len(), any::<u64>(), edits);
+    let mut runner = TestRunner::new_with_rng(
+        Config {
+            cases: 600,
+            failure_persistence: None,
+            ..Config::default()
+        },
+        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
+    );
+    let legal = std::cell::RefCell::new(Vec::new());
+    let (accepted, rejected) = (std::cell::Cell::new(0usize), std::cell::Cell::new(0usize));
+    runner
+        .run(&strategy, |(gi, seed, edits)| {
+            let graph = &graphs[gi];
+            let mut schedule = random_schedule(graph, seed, 20);
+            for (kind, pos, step) in edits {
+                let n = schedule.steps.len();
+                match kind {
+                    0 => schedule.steps.insert(pos % (n + 1), step),
+                    1 if n > 0 => schedule.steps[pos % n] = step,
+                    _ if n > 0 => {
+                        schedule.steps.remove(pos % n);
+                    }
+                    _ => {}
+                }
+            }
+            match lower(graph, &schedule) {
+                Ok(_) => {
+                    accepted.set(accepted.get() + 1);
+                    legal.borrow_mut().push((gi, schedule));
+                }
+                Err(e) => {
+                    rejected.set(rejected.get() + 1);
+                    prop_assert!(!e.to_string().is_empty());
+                }
+            }
+            Ok(())
+        })
+        .expect("lowering never panics");
+    let (accepted, rejected) = (accepted.get(), rejected.get());
+    eprintln!("{accepted} random schedules lowered, {rejected} were rejected");
+    assert!(accepted >= 40 && rejected >= 40, "{accepted} / {rejected}");
+    // Compile a spread of the accepted ones (all would take minutes to build).
+    let legal = legal.into_inner();
+    let step = (legal.len() / 40).max(1);
+    let cases: Vec<Case> = legal
+        .iter()
+        .step_by(step)
+        .take(40)
+        .enumerate()
+        .map(|(i, (gi, schedule))| {
+            let graph = graphs[*gi].clone();
+            let inputs = data(&graph, 1000 + i as u64);
+            let refs: Vec<&[f64]> = inputs.iter().map(|v| v.as_slice()).collect();
+            let want = interp::run(&graph, &refs).expect("interpreter");
+            Case {
+                graph,
+                schedule: schedule.clone(),
+                inputs,
+                want,
+            }
+        })
+        .collect();
+    check_compiled(&cases, "codegen-random-check");
 }
