@@ -10,7 +10,10 @@
 //! - a broken tuning cache (a corrupt line, a future-version record, a record whose schedule
 //!   does not lower): the build warns about each line and still succeeds with the default
 //!   schedule;
-//! - a valid tuning record: the kernel is built with that schedule.
+//! - a valid tuning record: the kernel is built with that schedule;
+//! - a hostile tuning cache (newlines and directives in every string a warning can quote,
+//!   overflowing factors and positions): every line the build script printed is one of harl's
+//!   own directives, and the kernels are the default ones and correct.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -455,4 +458,87 @@ fn a_crate_without_the_build_step_gets_an_error_saying_how_to_add_it() {
         "{}",
         run.context()
     );
+}
+
+/// The stdout of the newest run of `package`'s build script, as cargo stored it.
+fn build_script_output(package: &str) -> String {
+    let build = workspace().join("target/e2e/debug/build");
+    let newest = std::fs::read_dir(&build)
+        .expect("the build directory")
+        .filter_map(Result::ok)
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(&format!("{package}-"))
+        })
+        .map(|e| e.path().join("output"))
+        .filter(|p| p.exists())
+        .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok())
+        .expect("the build script's output file");
+    String::from_utf8_lossy(&std::fs::read(newest).unwrap()).into_owned()
+}
+
+#[test]
+fn hostile_cache_lines_only_ever_print_harls_own_directives() {
+    let package = "harl-e2e-hostile";
+    let krate = new_crate(package);
+    let cache_dir = krate.path().join("hostile-cache");
+    std::fs::create_dir(&cache_dir).unwrap();
+    let (_, key) = kernel_graph("dense");
+    let (file, valid) = record_line(&cache_dir, &key, Schedule::naive());
+    let with_steps = |steps: &str| {
+        valid.replacen(
+            r#""schedule":{"steps":[]}"#,
+            &format!(r#""schedule":{{"steps":{steps}}}"#),
+            1,
+        )
+    };
+    assert_ne!(with_steps("[1]"), valid, "the record's layout changed");
+    let injected = "\\ncargo:rustc-cfg=harl_pwned\\ncargo:rustc-env=HARL_PWNED=1\\r\\ncargo:rustc-link-arg=-Wl,--pwned\\u2028cargo::rustc-cfg=harl_pwned2";
+    let lines = [
+        // Every string a serde or schedule error can quote.
+        with_steps(&format!(r#"[{{"step":"split{injected}","stage":0}}]"#)),
+        with_steps(&format!(r#"[{{"step":"fuse","stage":"{injected}"}}]"#)),
+        valid.replacen(r#""version":1"#, &format!(r#""version":"{injected}""#), 1),
+        valid.replacen(
+            r#""harl_version":""#,
+            &format!(r#""harl_version":1,"x":""#),
+            1,
+        ),
+        format!("{{\"workload_key\":\"{key}\",\"version\":1,\"{injected}\":0}}"),
+        format!("not json {}", injected.replace("\\n", "\n")),
+        // A record that wraps its split factors (the binary segfaulted on it) and one that
+        // overflows a loop position (the build script panicked).
+        with_steps(r#"[{"step":"split","stage":0,"at":1,"factors":[4611686018427387905,4]}]"#),
+        with_steps(r#"[{"step":"fuse","stage":0,"at":18446744073709551615}]"#),
+    ];
+    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+
+    let run = Run::of(cargo_run(krate.path(), Some(&cache_dir)));
+    run.assert_kernels_correct();
+    assert_eq!(
+        run.line("SCHEDULE:"),
+        "default schedule",
+        "{}",
+        run.context()
+    );
+    assert!(
+        !run.stdout.contains("PWNED") && !run.harl_warnings().is_empty(),
+        "{}",
+        run.context()
+    );
+    let output = build_script_output(package);
+    let mut warnings = 0;
+    for line in output.lines() {
+        let ours = line.starts_with("cargo:warning=harl: ")
+            || line.starts_with("cargo:rerun-if-env-changed=HARL_")
+            || line.starts_with("cargo:rerun-if-changed=");
+        assert!(
+            ours,
+            "the build script printed a line harl did not mean: {line:?}\n{output}"
+        );
+        warnings += usize::from(line.starts_with("cargo:warning="));
+    }
+    // One warning per hostile line that names `dense` or no workload, per kernel that reads it.
+    assert!(warnings >= lines.len(), "{warnings} warnings\n{output}");
 }
