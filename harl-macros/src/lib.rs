@@ -22,6 +22,14 @@ use quote::{format_ident, quote};
 /// ```
 #[proc_macro_attribute]
 pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
+    // Before syn sees the tokens: its parser recurses per group and per unary operator, and a
+    // stack overflow here would abort rustc instead of reporting an error.
+    let (attr2, item2): (TokenStream2, TokenStream2) = (attr.clone().into(), item.clone().into());
+    if let Err(e) = harl_te::dsl::check_token_limits(&attr2)
+        .and_then(|()| harl_te::dsl::check_token_limits(&item2))
+    {
+        return e.to_compile_error().into();
+    }
     let item_fn = match syn::parse::<syn::ItemFn>(item) {
         Ok(f) => f,
         Err(e) => {
@@ -80,15 +88,32 @@ fn expand(attr: TokenStream2, f: &syn::ItemFn) -> syn::Result<TokenStream2> {
         .iter()
         .filter(|a| !a.path().is_ident("doc") && !harl_te::dsl::is_kernel_attr(a))
         .collect();
-    let params = decl.params.iter().map(|p| {
-        let id = syn::Ident::new(&p.name, Span::call_site());
+    // The signature's own identifiers, so `r#type` stays raw; the DSL's names are unraw'd and
+    // may be keywords, so they are never turned back into identifiers here.
+    let idents: Vec<syn::Ident> = f
+        .sig
+        .inputs
+        .iter()
+        .filter_map(|a| match a {
+            syn::FnArg::Typed(pt) => match &*pt.pat {
+                syn::Pat::Ident(id) => Some(id.ident.clone()),
+                _ => None,
+            },
+            syn::FnArg::Receiver(_) => None,
+        })
+        .collect();
+    if idents.len() != decl.params.len() {
+        // parse_kernel accepts only plain-name parameters, so this is a bug, not user error.
+        return Err(syn::Error::new_spanned(
+            &f.sig.inputs,
+            "harl: internal error: parameter list does not match the parsed kernel",
+        ));
+    }
+    let params = idents.iter().zip(&decl.params).map(|(id, p)| {
         let ty = format_ident!("{}", p.dtype.rust_name());
         quote!(#id: &[#ty])
     });
-    let args = decl
-        .params
-        .iter()
-        .map(|p| syn::Ident::new(&p.name, Span::call_site()));
+    let args = idents.iter();
     let out_id = syn::Ident::new(&decl.output_name(), Span::call_site());
     let out_ty = format_ident!("{}", decl.out_dtype.rust_name());
     let shapes: String = decl

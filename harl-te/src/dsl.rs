@@ -19,10 +19,16 @@
 //! `reduce_max([R, S], |r, s| ..)`, `reduce_min(..)`.
 
 use crate::expr::{BinaryOp, CmpOp, DType, Expr, TensorRef, UnaryOp};
-use crate::graph::{Graph, GraphBuilder, ReduceOp};
+use crate::graph::{exact_interval, Graph, GraphBuilder, GraphError, ReduceOp};
+use crate::limits::{
+    checked_product, MAX_DOMAIN, MAX_EXPR_DEPTH, MAX_EXTENT, MAX_KERNEL_TOKENS, MAX_PUNCT_RUN,
+    MAX_RANK, MAX_TENSOR_ELEMS, MAX_TOKEN_NESTING,
+};
 use crate::ops::{self, Activation, Conv1dParams, Conv2dParams, Conv3dParams};
 use proc_macro2::{Span, TokenStream};
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
+use syn::ext::IdentExt;
 use syn::parse::Parser;
 use syn::punctuated::Punctuated;
 use syn::spanned::Spanned;
@@ -31,7 +37,8 @@ use syn::{Error, Result};
 /// A kernel parameter (an input tensor).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Param {
-    /// The parameter's name.
+    /// The parameter's name, without any `r#` prefix (`r#type` is `type`): it may be a Rust
+    /// keyword, so emit it as an identifier only through [`syn::Ident::new_raw`] or by position.
     pub name: String,
     /// Static shape.
     pub shape: Vec<usize>,
@@ -42,7 +49,7 @@ pub struct Param {
 /// A parsed kernel declaration.
 #[derive(Clone, Debug)]
 pub struct KernelDecl {
-    /// The function's name.
+    /// The function's name, without any `r#` prefix.
     pub name: String,
     /// Inputs, in order (the graph's placeholders).
     pub params: Vec<Param>,
@@ -72,6 +79,52 @@ pub fn is_kernel_attr(attr: &syn::Attribute) -> bool {
     matches!(segs.as_slice(), [h, k] if h == "harl" && k == "kernel") || segs == ["kernel"]
 }
 
+/// Checks an item's tokens against [`MAX_KERNEL_TOKENS`], [`MAX_TOKEN_NESTING`] and
+/// [`MAX_PUNCT_RUN`] before syn parses them: syn's parser recurses once per group and per unary
+/// operator, so a hostile item could overflow the stack of the proc macro (or build script)
+/// before any check of ours runs. Walks with an explicit stack for the same reason.
+pub fn check_token_limits(tokens: &TokenStream) -> Result<()> {
+    use proc_macro2::TokenTree;
+    let mut stack = vec![tokens.clone().into_iter()];
+    let (mut count, mut run) = (0usize, 0usize);
+    while let Some(top) = stack.last_mut() {
+        let Some(tt) = top.next() else {
+            stack.pop();
+            continue;
+        };
+        count += 1;
+        if count > MAX_KERNEL_TOKENS {
+            return Err(Error::new(
+                tt.span(),
+                format!("this kernel has more than {MAX_KERNEL_TOKENS} tokens (harl_te::limits::MAX_KERNEL_TOKENS)"),
+            ));
+        }
+        match tt {
+            TokenTree::Group(g) => {
+                run = 0;
+                if stack.len() >= MAX_TOKEN_NESTING {
+                    return Err(Error::new(
+                        g.span(),
+                        format!("brackets nested deeper than {MAX_TOKEN_NESTING} levels (harl_te::limits::MAX_TOKEN_NESTING)"),
+                    ));
+                }
+                stack.push(g.stream().into_iter());
+            }
+            TokenTree::Punct(p) => {
+                run += 1;
+                if run > MAX_PUNCT_RUN {
+                    return Err(Error::new(
+                        p.span(),
+                        format!("more than {MAX_PUNCT_RUN} operators in a row (harl_te::limits::MAX_PUNCT_RUN)"),
+                    ));
+                }
+            }
+            _ => run = 0,
+        }
+    }
+    Ok(())
+}
+
 /// Parses a kernel from its attribute arguments and item.
 pub fn parse_kernel(attr_args: TokenStream, item: &syn::ItemFn) -> Result<KernelDecl> {
     let consts = parse_consts(attr_args)?;
@@ -96,6 +149,8 @@ pub fn parse_kernel(attr_args: TokenStream, item: &syn::ItemFn) -> Result<Kernel
         b: GraphBuilder::new(),
         extents: Vec::new(),
         out_of_bounds: Default::default(),
+        literals: Default::default(),
+        depth: Cell::new(0),
     };
     let mut params = Vec::new();
     for input in &sig.inputs {
@@ -108,7 +163,7 @@ pub fn parse_kernel(attr_args: TokenStream, item: &syn::ItemFn) -> Result<Kernel
                 "kernel parameters must be plain names",
             ));
         };
-        let name = id.ident.to_string();
+        let name = name_of(&id.ident);
         let (dtype, shape) = cx.tensor_type(&pt.ty)?;
         if cx.tensors.contains_key(&name) {
             return Err(Error::new_spanned(
@@ -127,7 +182,7 @@ pub fn parse_kernel(attr_args: TokenStream, item: &syn::ItemFn) -> Result<Kernel
         ));
     };
     let (out_dtype, out_shape) = cx.tensor_type(ret_ty)?;
-    let name = sig.ident.to_string();
+    let name = name_of(&sig.ident);
     let mut tail = None;
     for stmt in &item.block.stmts {
         match stmt {
@@ -141,8 +196,16 @@ pub fn parse_kernel(attr_args: TokenStream, item: &syn::ItemFn) -> Result<Kernel
                 let Some(init) = &local.init else {
                     return Err(Error::new_spanned(local, "`let` needs a value"));
                 };
-                let t = cx.tensor(&init.expr, &id.ident.to_string())?;
-                cx.tensors.insert(id.ident.to_string(), t);
+                let let_name = name_of(&id.ident);
+                // No shadowing: one name, one tensor, so a later read cannot mean two things.
+                if cx.tensors.contains_key(&let_name) {
+                    return Err(Error::new_spanned(
+                        &id.ident,
+                        format!("`{let_name}` is already bound; kernels do not shadow, pick another name"),
+                    ));
+                }
+                let t = cx.tensor(&init.expr, &let_name)?;
+                cx.tensors.insert(let_name, t);
             }
             syn::Stmt::Expr(e, None) if tail.is_none() => tail = Some(e),
             other => return Err(Error::new_spanned(
@@ -220,7 +283,15 @@ fn parse_consts(args: TokenStream) -> Result<HashMap<String, usize>> {
         if value == 0 {
             return Err(Error::new_spanned(&nv.value, "a size must be at least 1"));
         }
-        if consts.insert(ident.to_string(), value).is_some() {
+        if value > MAX_TENSOR_ELEMS {
+            return Err(Error::new_spanned(
+                &nv.value,
+                format!(
+                    "a size must be at most {MAX_TENSOR_ELEMS} (harl_te::limits::MAX_TENSOR_ELEMS)"
+                ),
+            ));
+        }
+        if consts.insert(name_of(ident), value).is_some() {
             return Err(Error::new_spanned(
                 ident,
                 format!("size `{ident}` is bound twice"),
@@ -237,7 +308,21 @@ struct Cx {
     /// Axis extents of the compute being parsed, for bounds checks with a span.
     extents: Vec<usize>,
     /// The first access that may leave its tensor, reported if validation agrees.
-    out_of_bounds: std::cell::RefCell<Option<TokenStream>>,
+    out_of_bounds: RefCell<Option<TokenStream>>,
+    /// Literals (and sizes used as values) with their tokens, so that validation's
+    /// [`GraphError::BadConst`] (known only once the literal's type is) can point at one.
+    literals: RefCell<Vec<(f64, TokenStream)>>,
+    /// Nesting of the recursive parse, bounded by [`MAX_EXPR_DEPTH`].
+    depth: Cell<usize>,
+}
+
+/// One level of the recursive parse; the level is left when this drops.
+struct Level<'a>(&'a Cell<usize>);
+
+impl Drop for Level<'_> {
+    fn drop(&mut self) {
+        self.0.set(self.0.get().saturating_sub(1));
+    }
 }
 
 /// Options collected from a builder-style chain: `.stride(2).pad(1)`.
@@ -285,11 +370,7 @@ impl Cx {
             let dim = match a {
                 syn::GenericArgument::Const(e) => self.size(e)?,
                 syn::GenericArgument::Type(syn::Type::Path(p)) if p.path.get_ident().is_some() => {
-                    let id = p
-                        .path
-                        .get_ident()
-                        .map(|i| i.to_string())
-                        .unwrap_or_default();
+                    let id = p.path.get_ident().map(name_of).unwrap_or_default();
                     self.const_named(&id, a.span())?
                 }
                 other => {
@@ -304,10 +385,24 @@ impl Cx {
         if shape.is_empty() {
             return Err(Error::new_spanned(
                 args,
-                "a tensor needs at least one dimension",
+                "a tensor needs at least one dimension (0-d tensors are not supported; a scalar is `Tensor<f32, 1>`)",
             ));
         }
+        check_shape(args.span(), &shape, "tensor")?;
         Ok((dtype, shape))
+    }
+
+    /// Enters one level of the recursive parse, or errors past [`MAX_EXPR_DEPTH`].
+    fn enter(&self, span: Span) -> Result<Level<'_>> {
+        let d = self.depth.get() + 1;
+        if d > MAX_EXPR_DEPTH {
+            return Err(Error::new(
+                span,
+                format!("expression nested deeper than {MAX_EXPR_DEPTH} levels (harl_te::limits::MAX_EXPR_DEPTH)"),
+            ));
+        }
+        self.depth.set(d);
+        Ok(Level(&self.depth))
     }
 
     fn const_named(&self, name: &str, span: Span) -> Result<usize> {
@@ -322,25 +417,34 @@ impl Cx {
     /// A compile-time size: a literal, a size name, or `+ - * /` of those.
     fn size(&self, e: &syn::Expr) -> Result<usize> {
         let v = self.size_i(e)?;
+        if v <= 0 {
+            return Err(Error::new_spanned(
+                e,
+                format!("a size must be positive, this is {v}"),
+            ));
+        }
         usize::try_from(v)
             .ok()
-            .filter(|&v| v > 0)
-            .ok_or_else(|| Error::new_spanned(e, format!("a size must be positive, this is {v}")))
+            .filter(|&v| v <= MAX_EXTENT)
+            .ok_or_else(|| {
+                Error::new_spanned(
+                    e,
+                    format!("a dimension of {v} is over the limit of {MAX_EXTENT} (harl_te::limits::MAX_EXTENT)"),
+                )
+            })
     }
 
-    fn size_i(&self, e: &syn::Expr) -> Result<i64> {
+    /// Size arithmetic, in i128 with checked operations: the values come from the user.
+    fn size_i(&self, e: &syn::Expr) -> Result<i128> {
+        let _level = self.enter(e.span())?;
         match e {
             syn::Expr::Lit(syn::ExprLit {
                 lit: syn::Lit::Int(i),
                 ..
-            }) => i.base10_parse(),
+            }) => i.base10_parse::<u64>().map(i128::from),
             syn::Expr::Path(p) if p.path.get_ident().is_some() => {
-                let id = p
-                    .path
-                    .get_ident()
-                    .map(|i| i.to_string())
-                    .unwrap_or_default();
-                Ok(self.const_named(&id, p.span())? as i64)
+                let id = p.path.get_ident().map(name_of).unwrap_or_default();
+                Ok(self.const_named(&id, p.span())? as i128)
             }
             syn::Expr::Paren(p) => self.size_i(&p.expr),
             syn::Expr::Block(b) if b.block.stmts.len() == 1 => match &b.block.stmts[0] {
@@ -349,16 +453,25 @@ impl Cx {
             },
             syn::Expr::Binary(bin) => {
                 let (a, b) = (self.size_i(&bin.left)?, self.size_i(&bin.right)?);
-                match bin.op {
-                    syn::BinOp::Add(_) => Ok(a + b),
-                    syn::BinOp::Sub(_) => Ok(a - b),
-                    syn::BinOp::Mul(_) => Ok(a * b),
-                    syn::BinOp::Div(_) if b != 0 => Ok(a / b),
-                    _ => Err(Error::new_spanned(
-                        bin.op,
-                        "sizes combine with + - * / only",
-                    )),
-                }
+                let r = match bin.op {
+                    syn::BinOp::Add(_) => a.checked_add(b),
+                    syn::BinOp::Sub(_) => a.checked_sub(b),
+                    syn::BinOp::Mul(_) => a.checked_mul(b),
+                    syn::BinOp::Div(_) if b == 0 => {
+                        return Err(Error::new_spanned(&bin.right, "division by zero in a size"))
+                    }
+                    syn::BinOp::Div(_) => a.checked_div(b),
+                    _ => {
+                        return Err(Error::new_spanned(
+                            bin.op,
+                            "sizes combine with + - * / only",
+                        ))
+                    }
+                };
+                // Intermediate values are bounded far below i128's range, so later products
+                // of two of them cannot overflow either.
+                r.filter(|v| v.unsigned_abs() <= u64::MAX as u128)
+                    .ok_or_else(|| Error::new_spanned(e, "size arithmetic overflows"))
             }
             other => Err(Error::new_spanned(
                 other,
@@ -379,8 +492,20 @@ impl Cx {
         match (self.b.graph().validate(), flagged) {
             (Ok(()), _) => Ok(()),
             // Point at the access itself rather than the whole compute.
-            (Err(e @ crate::graph::GraphError::OutOfBounds { .. }), Some(tokens)) => {
+            (Err(e @ GraphError::OutOfBounds { .. }), Some(tokens)) => {
                 Err(Error::new_spanned(tokens, e.to_string()))
+            }
+            (Err(GraphError::BadConst { value, dtype, .. }), _) => {
+                let msg = format!(
+                    "the literal {value} is not a valid {} value here (out of range or not finite in the kernel's type)",
+                    dtype.rust_name()
+                );
+                let lits = self.literals.borrow();
+                // The literal may have been negated after recording.
+                match lits.iter().find(|(v, _)| *v == value || -*v == value) {
+                    Some((_, tokens)) => Err(Error::new_spanned(tokens, msg)),
+                    None => Err(Error::new(span, msg)),
+                }
             }
             (Err(e), _) => Err(Error::new(span, e.to_string())),
         }
@@ -389,9 +514,24 @@ impl Cx {
     /// Evaluates a tensor expression, adding stages; `name` names a new compute stage.
     fn tensor(&mut self, e: &syn::Expr, name: &str) -> Result<TensorRef> {
         let span = e.span();
+        let depth = self.depth.get();
+        if depth >= MAX_EXPR_DEPTH {
+            return Err(Error::new(
+                span,
+                format!("expression nested deeper than {MAX_EXPR_DEPTH} levels (harl_te::limits::MAX_EXPR_DEPTH)"),
+            ));
+        }
+        // Not a `Level` guard: that would borrow `self` across the `&mut self` calls below.
+        self.depth.set(depth + 1);
+        let r = self.tensor_inner(e, name, span);
+        self.depth.set(depth);
+        r
+    }
+
+    fn tensor_inner(&mut self, e: &syn::Expr, name: &str, span: Span) -> Result<TensorRef> {
         let t = match e {
             syn::Expr::Path(p) => {
-                let id = p.path.get_ident().map(|i| i.to_string()).unwrap_or_default();
+                let id = p.path.get_ident().map(name_of).unwrap_or_default();
                 self.tensors.get(&id).copied().ok_or_else(|| {
                     Error::new(span, format!("unknown tensor `{}`", quote::ToTokens::to_token_stream(&p.path)))
                 })?
@@ -410,9 +550,11 @@ impl Cx {
                     _ => return Err(Error::new_spanned(bin.op, "tensors combine with + - * /")),
                 };
                 if let Some(c) = float_lit(&bin.right) {
+                    self.record_literal(c, &bin.right);
                     let x = self.tensor(&bin.left, name)?;
                     self.scalar_op(x, op, c, false)
                 } else if let Some(c) = float_lit(&bin.left) {
+                    self.record_literal(c, &bin.left);
                     let y = self.tensor(&bin.right, name)?;
                     self.scalar_op(y, op, c, true)
                 } else {
@@ -438,6 +580,12 @@ impl Cx {
         };
         self.check_graph(span)?;
         Ok(t)
+    }
+
+    fn record_literal(&self, v: f64, tokens: &impl quote::ToTokens) {
+        self.literals
+            .borrow_mut()
+            .push((v, quote::ToTokens::to_token_stream(tokens)));
     }
 
     fn scalar_op(&mut self, x: TensorRef, op: BinaryOp, c: f64, lhs_const: bool) -> TensorRef {
@@ -582,8 +730,12 @@ impl Cx {
                 let a = self.arg_tensors(call, 3..=3, name)?;
                 let eps = match opts.0.iter().find(|o| o.0 == "eps") {
                     Some((_, args, s)) => match args.as_slice() {
-                        [e] => float_lit(e)
-                            .ok_or_else(|| Error::new(*s, "`eps` takes a float literal"))?,
+                        [e] => {
+                            let v = float_lit(e)
+                                .ok_or_else(|| Error::new(*s, "`eps` takes a float literal"))?;
+                            self.record_literal(v, e);
+                            v
+                        }
                         _ => return Err(Error::new(*s, "`eps` takes one float")),
                     },
                     None => 1e-5,
@@ -658,8 +810,16 @@ impl Cx {
             return Err(Error::new_spanned(call, usage));
         };
         let shape = self.dims(dims)?;
+        if shape.is_empty() {
+            return Err(Error::new_spanned(
+                dims,
+                "a compute needs at least one dimension (0-d tensors are not supported; use `[1]`)",
+            ));
+        }
+        check_shape(dims.span(), &shape, "compute")?;
         self.extents = shape.clone();
         let names = closure_params(closure)?;
+        check_unique_axes(&closure.inputs, &names, &[])?;
         if names.len() != shape.len() {
             return Err(Error::new_spanned(
                 &closure.inputs,
@@ -692,6 +852,28 @@ impl Cx {
                 }
             };
             let extents = self.dims(ext_e)?;
+            if extents.is_empty() {
+                return Err(Error::new_spanned(
+                    ext_e,
+                    "a reduction needs at least one reduce axis, e.g. `sum(K, |k| ..)`",
+                ));
+            }
+            if extents.len() > MAX_RANK {
+                return Err(Error::new_spanned(
+                    ext_e,
+                    format!(
+                        "{} reduce axes, over the limit of {MAX_RANK} (harl_te::limits::MAX_RANK)",
+                        extents.len()
+                    ),
+                ));
+            }
+            let domain: Vec<usize> = shape.iter().chain(&extents).copied().collect();
+            if checked_product(&domain).is_none_or(|n| n > MAX_DOMAIN) {
+                return Err(Error::new_spanned(
+                    ext_e,
+                    format!("this reduction iterates over {domain:?}, more than {MAX_DOMAIN} points (harl_te::limits::MAX_DOMAIN)"),
+                ));
+            }
             let rnames = closure_params(red_closure)?;
             if rnames.len() != extents.len() {
                 return Err(Error::new_spanned(
@@ -699,6 +881,7 @@ impl Cx {
                     "one reduce axis name per extent",
                 ));
             }
+            check_unique_axes(&red_closure.inputs, &rnames, &names)?;
             for (j, n) in rnames.into_iter().enumerate() {
                 axes.insert(n, shape.len() + j);
             }
@@ -755,24 +938,32 @@ impl Cx {
     }
 
     fn scalar(&self, e: &syn::Expr, axes: &HashMap<String, usize>) -> Result<Expr> {
+        let _level = self.enter(e.span())?;
         let node = quote::ToTokens::to_token_stream(e);
         Ok(match e {
-            syn::Expr::Lit(l) => match &l.lit {
-                syn::Lit::Float(f) => Expr::Const(f.base10_parse::<f64>()?, DType::F32),
-                syn::Lit::Int(i) => Expr::Const(i.base10_parse::<i64>()? as f64, DType::I32),
-                syn::Lit::Bool(b) => Expr::Const(b.value as i64 as f64, DType::Bool),
-                _ => return Err(Error::new_spanned(&node, "expected a number")),
-            },
+            syn::Expr::Lit(l) => {
+                let c = match &l.lit {
+                    syn::Lit::Float(f) => Expr::Const(f.base10_parse::<f64>()?, DType::F32),
+                    // Parsed as u64 so that `-2147483648` (a negated literal) is reachable;
+                    // validation rejects what its final type cannot hold.
+                    syn::Lit::Int(i) => Expr::Const(i.base10_parse::<u64>()? as f64, DType::I32),
+                    syn::Lit::Bool(b) => Expr::Const(b.value as i64 as f64, DType::Bool),
+                    _ => return Err(Error::new_spanned(&node, "expected a number")),
+                };
+                if let Expr::Const(v, _) = c {
+                    self.record_literal(v, &node);
+                }
+                c
+            }
             syn::Expr::Path(p) => {
-                let id = p
-                    .path
-                    .get_ident()
-                    .map(|i| i.to_string())
-                    .unwrap_or_default();
+                let id = p.path.get_ident().map(name_of).unwrap_or_default();
                 if let Some(&a) = axes.get(&id) {
                     Expr::Axis(a)
                 } else if let Some(&c) = self.consts.get(&id) {
-                    Expr::int(c as i64)
+                    // Consts are at most MAX_TENSOR_ELEMS, exact in an f64; one past i32 is
+                    // a BadConst pointed at here.
+                    self.record_literal(c as f64, &node);
+                    Expr::Const(c as f64, DType::I32)
                 } else if self.tensors.contains_key(&id) {
                     return Err(Error::new_spanned(
                         &node,
@@ -800,11 +991,7 @@ impl Cx {
                         "index a tensor by name: `t[[i, j]]`",
                     ));
                 };
-                let id = p
-                    .path
-                    .get_ident()
-                    .map(|i| i.to_string())
-                    .unwrap_or_default();
+                let id = p.path.get_ident().map(name_of).unwrap_or_default();
                 let t = *self
                     .tensors
                     .get(&id)
@@ -863,6 +1050,7 @@ impl Cx {
                     }
                 }?;
                 self.typecheck(&r, &node)?;
+                self.check_int(&r, &node)?;
                 r
             }
             syn::Expr::Unary(u) => {
@@ -870,7 +1058,11 @@ impl Cx {
                 match u.op {
                     syn::UnOp::Neg(_) => match x {
                         Expr::Const(v, d) => Expr::Const(-v, d),
-                        x => -x,
+                        x => {
+                            let r = -x;
+                            self.check_int(&r, &node)?;
+                            r
+                        }
                     },
                     syn::UnOp::Not(_) => x.unary(UnaryOp::Not),
                     _ => return Err(Error::new_spanned(&node, "unsupported unary operator")),
@@ -918,7 +1110,7 @@ impl Cx {
                 for a in &m.args {
                     args.push(self.scalar(a, axes)?);
                 }
-                self.function(&m.method.to_string(), args, &node, m.method.span())?
+                self.function(&name_of(&m.method), args, &node, m.method.span())?
             }
             _ => {
                 return Err(Error::new_spanned(
@@ -927,6 +1119,35 @@ impl Cx {
                 ))
             }
         })
+    }
+
+    /// Integer arithmetic of axes and constants must stay inside i32 (the interpreter wraps at
+    /// 32 bits, the emitted index code does not) and must not divide by a possible zero.
+    fn check_int(&self, e: &Expr, node: &TokenStream) -> Result<()> {
+        if self.dtype_of(e) != DType::I32 {
+            return Ok(());
+        }
+        if let Expr::Binary(BinaryOp::Div | BinaryOp::Rem, _, b) = e {
+            let zero = match exact_interval(b, &self.extents) {
+                Some((lo, hi)) => lo <= 0 && hi >= 0,
+                None => matches!(**b, Expr::Const(v, _) if v == 0.0),
+            };
+            if zero {
+                return Err(Error::new_spanned(
+                    node,
+                    "integer division by a divisor that can be zero",
+                ));
+            }
+        }
+        match exact_interval(e, &self.extents) {
+            Some((lo, hi)) if lo < i32::MIN as i128 || hi > i32::MAX as i128 => {
+                Err(Error::new_spanned(
+                    node,
+                    format!("integer arithmetic reaches {lo}..={hi}, outside i32"),
+                ))
+            }
+            _ => Ok(()),
+        }
     }
 
     fn block_expr(&self, b: &syn::Block, axes: &HashMap<String, usize>) -> Result<Expr> {
@@ -1052,7 +1273,7 @@ fn split_chain(e: &syn::Expr) -> Result<(&syn::ExprCall, Options)> {
         match cur {
             syn::Expr::MethodCall(m) => {
                 opts.push((
-                    m.method.to_string(),
+                    name_of(&m.method),
                     m.args.iter().cloned().collect(),
                     m.method.span(),
                 ));
@@ -1096,9 +1317,9 @@ fn closure_params(c: &syn::ExprClosure) -> Result<Vec<String>> {
     c.inputs
         .iter()
         .map(|p| match p {
-            syn::Pat::Ident(i) => Ok(i.ident.to_string()),
+            syn::Pat::Ident(i) => Ok(name_of(&i.ident)),
             syn::Pat::Type(t) => match &*t.pat {
-                syn::Pat::Ident(i) => Ok(i.ident.to_string()),
+                syn::Pat::Ident(i) => Ok(name_of(&i.ident)),
                 other => Err(Error::new_spanned(
                     other,
                     "axis names are plain identifiers",
@@ -1118,10 +1339,56 @@ fn path_name(e: &syn::Expr) -> String {
             .path
             .segments
             .last()
-            .map(|s| s.ident.to_string())
+            .map(|s| name_of(&s.ident))
             .unwrap_or_default(),
         _ => String::new(),
     }
+}
+
+/// An identifier's name without `r#`: `r#type` and `type` are one name to the DSL.
+fn name_of(i: &syn::Ident) -> String {
+    i.unraw().to_string()
+}
+
+/// Rank, extents and element count of a declared or computed shape, with a span.
+fn check_shape(span: Span, shape: &[usize], what: &str) -> Result<()> {
+    if shape.len() > MAX_RANK {
+        return Err(Error::new(
+            span,
+            format!("a {what} of {} dimensions, over the limit of {MAX_RANK} (harl_te::limits::MAX_RANK)", shape.len()),
+        ));
+    }
+    if let Some(n) = shape.iter().find(|&&n| n > MAX_EXTENT) {
+        return Err(Error::new(
+            span,
+            format!("a dimension of {n} is over the limit of {MAX_EXTENT} (harl_te::limits::MAX_EXTENT)"),
+        ));
+    }
+    if checked_product(shape).is_none_or(|n| n > MAX_TENSOR_ELEMS) {
+        return Err(Error::new(
+            span,
+            format!("a {what} of shape {shape:?} has more than {MAX_TENSOR_ELEMS} elements (harl_te::limits::MAX_TENSOR_ELEMS)"),
+        ));
+    }
+    Ok(())
+}
+
+/// Axis names of one closure are distinct, and distinct from `outer` (the spatial axes, for a
+/// reduction's closure).
+fn check_unique_axes(
+    inputs: &Punctuated<syn::Pat, syn::Token![,]>,
+    names: &[String],
+    outer: &[String],
+) -> Result<()> {
+    for (i, (n, pat)) in names.iter().zip(inputs).enumerate() {
+        if names[..i].contains(n) || outer.contains(n) {
+            return Err(Error::new_spanned(
+                pat,
+                format!("axis `{n}` is named twice"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn float_lit(e: &syn::Expr) -> Option<f64> {
@@ -1166,9 +1433,13 @@ fn fmt_range(r: &std::ops::RangeInclusive<usize>) -> String {
 mod tests {
     use super::*;
 
+    /// As the macro does: token limits first, then syn, then the DSL.
     fn parse(attr: &str, item: &str) -> Result<KernelDecl> {
         let attr: TokenStream = attr.parse().expect("tokens");
-        let item: syn::ItemFn = syn::parse_str(item)?;
+        let tokens: TokenStream = item.parse().expect("tokens");
+        check_token_limits(&attr)?;
+        check_token_limits(&tokens)?;
+        let item: syn::ItemFn = syn::parse2(tokens)?;
         parse_kernel(attr, &item)
     }
 
@@ -1257,5 +1528,134 @@ mod tests {
             let err = parse(attr, item).expect_err(item).to_string();
             assert!(err.contains(want), "{item}: got `{err}`, want `{want}`");
         }
+    }
+
+    /// Runs `f` on an 8 MiB stack, as rustc gives the thread that runs proc macros (test
+    /// threads get 2 MiB, and a debug build's syn and DSL frames are large).
+    fn on_rustc_stack(f: impl FnOnce() + Send + 'static) {
+        std::thread::Builder::new()
+            .stack_size(8 << 20)
+            .spawn(f)
+            .expect("thread")
+            .join()
+            .expect("no panic");
+    }
+
+    #[test]
+    fn hostile_inputs_are_errors_with_a_message() {
+        on_rustc_stack(hostile_inputs);
+    }
+
+    fn hostile_inputs() {
+        let kernel = |body: String| {
+            format!("fn f(a: Tensor<f32, 4>) -> Tensor<f32, 4> {{ compute([4], |i| {body}) }}")
+        };
+        let deep_item = kernel(format!(
+            "{}a[[i]]{}",
+            "(".repeat(10_000),
+            ")".repeat(10_000)
+        ));
+        let chain_item = kernel(vec!["a[[i]]"; 400].join(" + "));
+        let long_item = kernel(vec!["a[[i]]"; 100_000].join(" + "));
+        let neg_item = kernel(format!("{}a[[i]]", "-".repeat(10_000)));
+        let ok_deep = kernel(format!("{}a[[i]]{}", "(".repeat(250), ")".repeat(250)));
+        let size_chain = format!(
+            "fn f(a: Tensor<f32, {{ {} }}>) -> Tensor<f32, 4> {{ relu(a) }}",
+            vec!["1"; 1000].join(" + ")
+        );
+        let cases: Vec<(&str, &str, &str)> = vec![
+            ("N = 4294967296", "fn f(a: Tensor<f32, N, N>) -> Tensor<f32, N, N> { relu(a) }", "over the limit"),
+            ("N = 65536", "fn f(a: Tensor<f32, N, N, N>) -> Tensor<f32, N, N, N> { relu(a) }", "more than 17179869184 elements"),
+            ("N = 17179869184", "fn f(a: Tensor<f32, { N * N * N * N }>) -> Tensor<f32, 4> { relu(a) }", "overflows"),
+            ("N = 99999999999999999999", "fn f(a: Tensor<f32, N>) -> Tensor<f32, 4> { relu(a) }", "too large"),
+            ("N = 18446744073709551615", "fn f(a: Tensor<f32, N>) -> Tensor<f32, 4> { relu(a) }", "at most"),
+            ("", "fn f(a: Tensor<f32, 18446744073709551615>) -> Tensor<f32, 4> { relu(a) }", "over the limit"),
+            ("N = 8", "fn f(a: Tensor<f32, { N / (N - N) }>) -> Tensor<f32, 8> { relu(a) }", "division by zero"),
+            ("N = 0", "fn f(a: Tensor<f32, N>) -> Tensor<f32, 4> { relu(a) }", "at least 1"),
+            ("N = 4", "fn f(a: Tensor<f32, { N - 4 }>) -> Tensor<f32, 4> { relu(a) }", "positive"),
+            ("", "fn f(a: Tensor<f32>) -> Tensor<f32, 1> { relu(a) }", "at least one dimension"),
+            ("", "fn f(a: Tensor<f32, 4>) -> Tensor<f32, 4> { let s = compute([], || a[[0]]); relu(a) }", "at least one dimension"),
+            ("N = 4", "fn f(a: Tensor<f32, N>) -> Tensor<f32, N> { compute([N], |i| sum([], || a[[i]])) }", "at least one reduce axis"),
+            ("N = 4", "fn f(a: Tensor<f32, N>) -> Tensor<f32, N> { compute([N], |i| reduce_max([], || a[[i]])) }", "at least one reduce axis"),
+            ("N = 65536", "fn f(a: Tensor<f32, N>) -> Tensor<f32, N> { compute([N], |i| sum([N, N, N], |x, y, z| a[[i]])) }", "more than 70368744177664 points"),
+            ("", "fn f(a: Tensor<f32, 4>) -> Tensor<f32, 4> { a * 1e39 }", "not a valid f32"),
+            ("", "fn f(a: Tensor<f32, 4>) -> Tensor<f32, 4> { 1e39 * a }", "not a valid f32"),
+            ("", "fn f(a: Tensor<f32, 4>) -> Tensor<f32, 4> { compute([4], |i| a[[i]] + -3.5e38) }", "not a valid f32"),
+            ("", "fn f(a: Tensor<f32, 4>) -> Tensor<f32, 4> { compute([4], |i| 1e39) }", "not a valid f32"),
+            ("", "fn f(a: Tensor<f64, 4>) -> Tensor<f64, 4> { compute([4], |i| a[[i]] * 1e309) }", "not a valid f64"),
+            ("", "fn f(a: Tensor<i32, 4>) -> Tensor<i32, 4> { compute([4], |i| a[[i]] + 3000000000) }", "not a valid i32"),
+            ("", "fn f(a: Tensor<i32, 4>) -> Tensor<i32, 4> { compute([4], |i| a[[i]] * 2.5) }", "not a valid i32"),
+            ("", "fn f(a: Tensor<i32, 4>) -> Tensor<i32, 4> { compute([4], |i| a[[i]] + 99999999999999999999) }", "too large"),
+            ("", "fn f(a: Tensor<f32, 4>, a: Tensor<f32, 4>) -> Tensor<f32, 4> { a + a }", "declared twice"),
+            ("", "fn f(a: Tensor<f32, 4>, r#a: Tensor<f32, 4>) -> Tensor<f32, 4> { a + a }", "declared twice"),
+            ("", "fn f(a: Tensor<f32, 4>) -> Tensor<f32, 4> { let a = relu(a); a }", "already bound"),
+            ("", "fn f(a: Tensor<f32, 4>) -> Tensor<f32, 4> { let b = relu(a); let b = exp(b); b }", "already bound"),
+            ("", "fn f(a: Tensor<f32, 4, 4>) -> Tensor<f32, 4, 4> { compute([4, 4], |i, i| a[[i, i]]) }", "named twice"),
+            ("", "fn f(a: Tensor<f32, 4, 4>) -> Tensor<f32, 4> { compute([4], |i| sum(4, |i| a[[i, i]])) }", "named twice"),
+            ("", "fn f(a: Tensor<f32, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1>) -> Tensor<f32, 1> { relu(a) }", "over the limit of 16"),
+            ("N = 65536", "fn f(a: Tensor<f32, N>) -> Tensor<f32, N> { compute([N], |i| select(i * i * 2 < 0, a[[i]], 0.0)) }", "outside i32"),
+            ("", "fn f(a: Tensor<f32, 4>) -> Tensor<f32, 4> { compute([4], |i| a[[i + 2147483647 - 2147483647]]) }", "outside i32"),
+            ("N = 3000000000", "fn f(a: Tensor<f32, 4>) -> Tensor<f32, 4> { compute([4], |i| a[[i]] + (N as f32)) }", "not a valid i32"),
+            ("", "fn f(a: Tensor<i32, 4>) -> Tensor<i32, 4> { compute([4], |i| a[[i]] / i) }", "divisor that can be zero"),
+            ("", "fn f(a: Tensor<i32, 4>) -> Tensor<i32, 4> { compute([4], |i| a[[i]] % 0) }", "divisor that can be zero"),
+            ("", &deep_item, "brackets nested deeper than 64"),
+            ("", &chain_item, "nested deeper than 256"),
+            ("", &long_item, "more than 4096 tokens"),
+            ("", &neg_item, "operators in a row"),
+            ("", &ok_deep, "brackets nested deeper than 64"),
+            ("", &size_chain, "nested deeper than 256"),
+        ];
+        for (attr, item, want) in cases {
+            let err = match parse(attr, item) {
+                Ok(_) => panic!("{item}: parsed, want an error `{want}`"),
+                Err(e) => e.to_string(),
+            };
+            assert!(err.contains(want), "{item}: got `{err}`, want `{want}`");
+        }
+    }
+
+    #[test]
+    fn raw_identifiers_are_plain_names() {
+        let k = parse(
+            "r#N = 4",
+            "fn r#match(r#type: Tensor<f32, N>, b: Tensor<f32, r#N>) -> Tensor<f32, 4> {
+                let r#let = compute([N], |r#i| r#type[[r#i]] + b[[i]]);
+                r#let
+            }",
+        )
+        .expect("parses");
+        assert_eq!(k.name, "match");
+        assert_eq!(k.params[0].name, "type");
+        assert_eq!(k.output_name(), "out");
+    }
+
+    #[test]
+    fn a_param_named_out_moves_the_output_name() {
+        let k = parse(
+            "",
+            "fn f(out: Tensor<f32, 4>, out_: Tensor<f32, 4>) -> Tensor<f32, 4> { out + out_ }",
+        )
+        .expect("parses");
+        assert_eq!(k.output_name(), "out__");
+    }
+
+    #[test]
+    fn limits_admit_big_real_shapes() {
+        // A 32768^3 GEMM (2^45 iterations) and an i32 literal at its bounds stay valid.
+        parse(
+            "M = 32768, K = 32768, N = 32768",
+            "fn f(a: Tensor<f32, M, K>, w: Tensor<f32, K, N>) -> Tensor<f32, M, N> { matmul(a, w) }",
+        )
+        .expect("parses");
+        parse(
+            "",
+            "fn f(a: Tensor<i32, 4>) -> Tensor<i32, 4> { compute([4], |i| a[[i]] + -2147483648 + 2147483647) }",
+        )
+        .expect("parses");
+        parse(
+            "",
+            "fn f(a: Tensor<f32, 4>) -> Tensor<f32, 4> { compute([4], |i| a[[i]] * 3.4e38) }",
+        )
+        .expect("parses");
     }
 }

@@ -1,6 +1,10 @@
 //! Te graphs: placeholders and compute stages, their validation and their workload key.
 
 use crate::expr::{BinaryOp, DType, Expr, TensorRef, UnaryOp};
+use crate::limits::{
+    checked_product, MAX_DOMAIN, MAX_EXPR_DEPTH, MAX_EXPR_NODES, MAX_EXTENT, MAX_INPUTS, MAX_RANK,
+    MAX_STAGES, MAX_TENSOR_ELEMS,
+};
 
 /// A graph input with a static shape.
 #[derive(Clone, Debug, PartialEq)]
@@ -147,6 +151,86 @@ pub enum GraphError {
         /// The extent of that dimension.
         extent: usize,
     },
+    /// A tensor without dimensions. 0-d tensors are not supported (a scalar is shape `[1]`).
+    #[error("tensor `{0}` has no dimensions; a harl tensor has at least one (a scalar is `[1]`)")]
+    EmptyShape(String),
+    /// A reduction over no axes: its value would be the identity, which is never meant.
+    #[error("stage `{0}` reduces over no axes; give at least one reduce extent")]
+    EmptyReduction(String),
+    /// More dimensions (or reduce axes) than [`MAX_RANK`].
+    #[error("tensor `{tensor}` has {rank} {what}, over the limit of {MAX_RANK}")]
+    RankLimit {
+        /// The tensor or stage.
+        tensor: String,
+        /// Dimensions or reduce axes it has.
+        rank: usize,
+        /// "dimensions" or "reduce axes".
+        what: &'static str,
+    },
+    /// An extent over [`MAX_EXTENT`] (axes are i32 values).
+    #[error("tensor `{tensor}` has an extent of {extent}, over the limit of {MAX_EXTENT} (axes are i32)")]
+    ExtentLimit {
+        /// The tensor or stage.
+        tensor: String,
+        /// The extent.
+        extent: usize,
+    },
+    /// A tensor whose element count overflows or exceeds [`MAX_TENSOR_ELEMS`].
+    #[error("tensor `{tensor}` of shape {shape:?} has more than {MAX_TENSOR_ELEMS} elements")]
+    TooManyElements {
+        /// The tensor.
+        tensor: String,
+        /// Its shape.
+        shape: Vec<usize>,
+    },
+    /// A stage whose iteration domain (spatial times reduce extents) exceeds [`MAX_DOMAIN`].
+    #[error("stage `{stage}` iterates over {extents:?}, more than {MAX_DOMAIN} points")]
+    DomainLimit {
+        /// The stage.
+        stage: String,
+        /// Its spatial then reduce extents.
+        extents: Vec<usize>,
+    },
+    /// More stages than [`MAX_STAGES`].
+    #[error("the graph has {0} stages, over the limit of {MAX_STAGES}")]
+    TooManyStages(usize),
+    /// More inputs than [`MAX_INPUTS`].
+    #[error("the graph has {0} inputs, over the limit of {MAX_INPUTS}")]
+    TooManyInputs(usize),
+    /// A stage body over [`MAX_EXPR_NODES`] nodes or [`MAX_EXPR_DEPTH`] levels.
+    #[error("stage `{stage}`: its expression has more than {limit} {what}")]
+    ExprLimit {
+        /// The stage.
+        stage: String,
+        /// "nodes" or "levels of nesting".
+        what: &'static str,
+        /// The limit passed.
+        limit: usize,
+    },
+    /// A constant that its type cannot hold (a non-finite float, an i32 out of range).
+    #[error("stage `{stage}`: the constant {value} is not a valid {} value", dtype.rust_name())]
+    BadConst {
+        /// The stage.
+        stage: String,
+        /// The constant as stored.
+        value: f64,
+        /// Its type.
+        dtype: DType,
+    },
+    /// Integer arithmetic on axes and constants that leaves i32 (the interpreter would wrap, the
+    /// emitted code would not).
+    #[error("stage `{stage}`: integer arithmetic reaches {lo}..={hi}, outside i32")]
+    IntOverflow {
+        /// The stage.
+        stage: String,
+        /// Lowest possible value.
+        lo: i128,
+        /// Highest possible value.
+        hi: i128,
+    },
+    /// An integer division or remainder whose divisor can be zero.
+    #[error("stage `{0}` divides an integer by a divisor that can be zero")]
+    DivByZero(String),
 }
 
 impl Graph {
@@ -214,21 +298,45 @@ impl Graph {
         }
     }
 
-    /// Checks references, ranks, types, and that every unguarded load stays in bounds.
+    /// Checks limits ([`crate::limits`]), references, ranks, types, constants, integer
+    /// arithmetic, and that every unguarded load stays in bounds.
     pub fn validate(&self) -> Result<(), GraphError> {
         if self.stages.is_empty() {
             return Err(GraphError::Empty);
         }
+        if self.stages.len() > MAX_STAGES {
+            return Err(GraphError::TooManyStages(self.stages.len()));
+        }
+        if self.inputs.len() > MAX_INPUTS {
+            return Err(GraphError::TooManyInputs(self.inputs.len()));
+        }
         for p in &self.inputs {
-            if p.shape.contains(&0) {
-                return Err(GraphError::ZeroExtent(p.name.clone()));
-            }
+            check_shape(&p.name, &p.shape)?;
         }
         for (si, stage) in self.stages.iter().enumerate() {
-            let ext = stage.axis_extents();
-            if ext.contains(&0) {
-                return Err(GraphError::ZeroExtent(stage.name.clone()));
+            check_shape(&stage.name, &stage.shape)?;
+            if let Some(r) = &stage.reduce {
+                if r.extents.is_empty() {
+                    return Err(GraphError::EmptyReduction(stage.name.clone()));
+                }
+                if r.extents.len() > MAX_RANK {
+                    return Err(GraphError::RankLimit {
+                        tensor: stage.name.clone(),
+                        rank: r.extents.len(),
+                        what: "reduce axes",
+                    });
+                }
+                check_extents(&stage.name, &r.extents)?;
             }
+            let ext = stage.axis_extents();
+            if checked_product(&ext).is_none_or(|n| n > MAX_DOMAIN) {
+                return Err(GraphError::DomainLimit {
+                    stage: stage.name.clone(),
+                    extents: ext,
+                });
+            }
+            // Bound the body before the recursive checks below walk it.
+            check_expr_size(&stage.name, &stage.body)?;
             let checker = Checker {
                 graph: self,
                 stage: si,
@@ -271,6 +379,149 @@ impl Graph {
     }
 }
 
+/// Rank, extents and element count of one tensor.
+fn check_shape(name: &str, shape: &[usize]) -> Result<(), GraphError> {
+    if shape.is_empty() {
+        return Err(GraphError::EmptyShape(name.to_string()));
+    }
+    if shape.len() > MAX_RANK {
+        return Err(GraphError::RankLimit {
+            tensor: name.to_string(),
+            rank: shape.len(),
+            what: "dimensions",
+        });
+    }
+    check_extents(name, shape)?;
+    if checked_product(shape).is_none_or(|n| n > MAX_TENSOR_ELEMS) {
+        return Err(GraphError::TooManyElements {
+            tensor: name.to_string(),
+            shape: shape.to_vec(),
+        });
+    }
+    Ok(())
+}
+
+fn check_extents(name: &str, extents: &[usize]) -> Result<(), GraphError> {
+    if extents.contains(&0) {
+        return Err(GraphError::ZeroExtent(name.to_string()));
+    }
+    match extents.iter().find(|&&n| n > MAX_EXTENT) {
+        Some(&extent) => Err(GraphError::ExtentLimit {
+            tensor: name.to_string(),
+            extent,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Node count and depth of a body, walked with an explicit stack so that a hostile depth
+/// cannot overflow the stack here.
+fn check_expr_size(stage: &str, body: &Expr) -> Result<(), GraphError> {
+    let limit = |what, limit| GraphError::ExprLimit {
+        stage: stage.to_string(),
+        what,
+        limit,
+    };
+    let mut stack = vec![(body, 1usize)];
+    let mut nodes = 0usize;
+    while let Some((e, depth)) = stack.pop() {
+        nodes += 1;
+        if nodes > MAX_EXPR_NODES {
+            return Err(limit("nodes", MAX_EXPR_NODES));
+        }
+        if depth > MAX_EXPR_DEPTH {
+            return Err(limit("levels of nesting", MAX_EXPR_DEPTH));
+        }
+        match e {
+            Expr::Const(..) | Expr::Axis(_) => {}
+            Expr::Load(_, idx) => stack.extend(idx.iter().map(|i| (i, depth + 1))),
+            Expr::Unary(_, a) | Expr::Cast(_, a) => stack.push((a, depth + 1)),
+            Expr::Binary(_, a, b) | Expr::Cmp(_, a, b) => {
+                stack.push((a, depth + 1));
+                stack.push((b, depth + 1));
+            }
+            Expr::Select(c, a, b) => {
+                stack.push((c, depth + 1));
+                stack.push((a, depth + 1));
+                stack.push((b, depth + 1));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether `v` is a value of `dtype`: finite in its float type, an integer within i32.
+pub fn const_fits(v: f64, dtype: DType) -> bool {
+    match dtype {
+        DType::F32 => (v as f32).is_finite(),
+        DType::F64 => v.is_finite(),
+        DType::I32 => v.fract() == 0.0 && (i32::MIN as f64..=i32::MAX as f64).contains(&v),
+        DType::Bool => v == 0.0 || v == 1.0,
+    }
+}
+
+/// Exact range of an integer expression of axes and constants, or `None` where it depends on
+/// loaded values or casts (which the emitted code and the interpreter both treat as i32 data).
+pub fn exact_interval(e: &Expr, extents: &[usize]) -> Option<(i128, i128)> {
+    Some(match e {
+        Expr::Const(v, DType::I32) => (*v as i128, *v as i128),
+        Expr::Axis(a) => (0, *extents.get(*a)? as i128 - 1),
+        Expr::Unary(UnaryOp::Neg, a) => {
+            let (lo, hi) = exact_interval(a, extents)?;
+            (hi.saturating_neg(), lo.saturating_neg())
+        }
+        Expr::Unary(UnaryOp::Abs, a) => {
+            let (lo, hi) = exact_interval(a, extents)?;
+            if lo >= 0 {
+                (lo, hi)
+            } else if hi <= 0 {
+                (hi.saturating_neg(), lo.saturating_neg())
+            } else {
+                (0, hi.max(lo.saturating_neg()))
+            }
+        }
+        Expr::Binary(op, a, b) => {
+            let (a0, a1) = exact_interval(a, extents)?;
+            let (b0, b1) = exact_interval(b, extents)?;
+            match op {
+                // Saturating: the checker bounds operands to i32 bottom-up, but this is public.
+                BinaryOp::Add => (a0.saturating_add(b0), a1.saturating_add(b1)),
+                BinaryOp::Sub => (a0.saturating_sub(b1), a1.saturating_sub(b0)),
+                BinaryOp::Mul => {
+                    let c = [
+                        a0.saturating_mul(b0),
+                        a0.saturating_mul(b1),
+                        a1.saturating_mul(b0),
+                        a1.saturating_mul(b1),
+                    ];
+                    (*c.iter().min()?, *c.iter().max()?)
+                }
+                BinaryOp::Div | BinaryOp::Rem => {
+                    if b0 <= 0 && b1 >= 0 {
+                        return None;
+                    }
+                    let m = a0.abs().max(a1.abs());
+                    if *op == BinaryOp::Div {
+                        (-m, m)
+                    } else {
+                        let d = b0.abs().max(b1.abs()) - 1;
+                        (if a0 < 0 { -d } else { 0 }, if a1 > 0 { d } else { 0 })
+                    }
+                }
+                BinaryOp::Min => (a0.min(b0), a1.min(b1)),
+                BinaryOp::Max => (a0.max(b0), a1.max(b1)),
+                BinaryOp::And | BinaryOp::Or => return None,
+            }
+        }
+        Expr::Select(_, a, b) => {
+            let (a0, a1) = exact_interval(a, extents)?;
+            let (b0, b1) = exact_interval(b, extents)?;
+            (a0.min(b0), a1.max(b1))
+        }
+        _ => return None,
+    })
+}
+
 struct Checker<'a> {
     graph: &'a Graph,
     stage: usize,
@@ -285,10 +536,51 @@ impl Checker<'_> {
         }
     }
 
+    /// An i32 `a op b` (operands already checked): no division by a divisor that can be zero,
+    /// and no result outside i32 where the range is known.
+    fn check_int(&self, e: &Expr, op: &BinaryOp, b: &Expr) -> Result<(), GraphError> {
+        if matches!(op, BinaryOp::Div | BinaryOp::Rem) {
+            let zero = match exact_interval(b, self.extents) {
+                Some((lo, hi)) => lo <= 0 && hi >= 0,
+                // A divisor read from data: only a literal zero is known to be wrong.
+                None => matches!(b, Expr::Const(v, _) if *v == 0.0),
+            };
+            if zero {
+                return Err(GraphError::DivByZero(
+                    self.graph.stages[self.stage].name.clone(),
+                ));
+            }
+        }
+        self.check_range(e)
+    }
+
+    fn check_range(&self, e: &Expr) -> Result<(), GraphError> {
+        match exact_interval(e, self.extents) {
+            Some((lo, hi)) if lo < i32::MIN as i128 || hi > i32::MAX as i128 => {
+                Err(GraphError::IntOverflow {
+                    stage: self.graph.stages[self.stage].name.clone(),
+                    lo,
+                    hi,
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Type of `e`; `guarded` is true under a select, where loads may be conditional.
     fn check(&self, e: &Expr, guarded: bool) -> Result<DType, GraphError> {
+        let stage = || self.graph.stages[self.stage].name.clone();
         Ok(match e {
-            Expr::Const(_, d) => *d,
+            Expr::Const(v, d) => {
+                if !const_fits(*v, *d) {
+                    return Err(GraphError::BadConst {
+                        stage: stage(),
+                        value: *v,
+                        dtype: *d,
+                    });
+                }
+                *d
+            }
             Expr::Axis(a) => {
                 if *a >= self.extents.len() {
                     return Err(self.type_err(format!("axis {a} does not exist")));
@@ -348,6 +640,9 @@ impl Checker<'_> {
                 if !ok {
                     return Err(self.type_err(format!("{op:?} does not apply to {t:?}")));
                 }
+                if t == DType::I32 {
+                    self.check_range(e)?;
+                }
                 t
             }
             Expr::Binary(op, a, b) => {
@@ -360,6 +655,9 @@ impl Checker<'_> {
                 let logical = matches!(op, BinaryOp::And | BinaryOp::Or);
                 if logical != (ta == DType::Bool) {
                     return Err(self.type_err(format!("{op:?} does not apply to {ta:?}")));
+                }
+                if ta == DType::I32 {
+                    self.check_int(e, op, b)?;
                 }
                 ta
             }
@@ -597,4 +895,135 @@ impl GraphBuilder {
 /// `t[idx...]`.
 pub fn load(t: TensorRef, idx: impl IntoIterator<Item = Expr>) -> Expr {
     Expr::Load(t, idx.into_iter().collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limits::{MAX_EXPR_DEPTH, MAX_RANK, MAX_STAGES};
+
+    fn copy_graph(shape: &[usize]) -> Graph {
+        let mut b = GraphBuilder::new();
+        let a = b.input("a", shape, DType::F32);
+        let idx = (0..shape.len()).map(Expr::Axis);
+        b.compute("out", shape, DType::F32, load(a, idx));
+        b.graph().clone()
+    }
+
+    #[test]
+    fn shapes_over_the_limits_are_typed_errors() {
+        let wraps = 1usize << 32;
+        assert!(matches!(
+            copy_graph(&[wraps, wraps]).validate(),
+            Err(GraphError::ExtentLimit { .. })
+        ));
+        assert!(matches!(
+            copy_graph(&[1 << 30, 1 << 30]).validate(),
+            Err(GraphError::TooManyElements { .. })
+        ));
+        assert!(matches!(
+            copy_graph(&[]).validate(),
+            Err(GraphError::EmptyShape(_))
+        ));
+        assert!(matches!(
+            copy_graph(&[4, 0]).validate(),
+            Err(GraphError::ZeroExtent(_))
+        ));
+        assert!(matches!(
+            copy_graph(&vec![1; MAX_RANK + 1]).validate(),
+            Err(GraphError::RankLimit { .. })
+        ));
+        assert_eq!(copy_graph(&vec![1; MAX_RANK]).validate(), Ok(()));
+        assert_eq!(copy_graph(&[1 << 17, 1 << 17]).validate(), Ok(()));
+    }
+
+    #[test]
+    fn reductions_are_checked() {
+        let reduce = |extents: &[usize]| {
+            let mut b = GraphBuilder::new();
+            let a = b.input("a", &[4], DType::F32);
+            b.reduce(
+                "r",
+                &[4],
+                DType::F32,
+                ReduceOp::Sum,
+                extents,
+                load(a, [Expr::Axis(0)]),
+            );
+            b.graph().validate()
+        };
+        assert_eq!(reduce(&[]), Err(GraphError::EmptyReduction("r".into())));
+        assert!(matches!(
+            reduce(&[1 << 30, 1 << 30]),
+            Err(GraphError::DomainLimit { .. })
+        ));
+        assert!(matches!(reduce(&[0]), Err(GraphError::ZeroExtent(_))));
+        assert_eq!(reduce(&[1 << 20, 1 << 20]), Ok(()));
+    }
+
+    #[test]
+    fn constants_and_integer_arithmetic_are_checked() {
+        let body = |e: Expr, dtype: DType| {
+            let mut b = GraphBuilder::new();
+            b.input("a", &[4], dtype);
+            b.compute("s", &[4], dtype, e);
+            b.graph().validate()
+        };
+        let bad = |e, d| matches!(body(e, d), Err(GraphError::BadConst { .. }));
+        assert!(bad(Expr::lit(1e39, DType::F32), DType::F32));
+        assert!(bad(Expr::lit(f64::NAN, DType::F64), DType::F64));
+        assert!(bad(Expr::lit(f64::INFINITY, DType::F64), DType::F64));
+        assert!(bad(Expr::lit(2.5, DType::I32), DType::I32));
+        assert!(bad(Expr::lit(3e9, DType::I32), DType::I32));
+        assert_eq!(body(Expr::lit(3.4e38, DType::F32), DType::F32), Ok(()));
+        let big = Expr::Axis(0) * Expr::int(1 << 30) * Expr::int(4);
+        assert!(matches!(
+            body(big, DType::I32),
+            Err(GraphError::IntOverflow { .. })
+        ));
+        let div = Expr::int(7) / Expr::Axis(0);
+        assert_eq!(
+            body(div, DType::I32),
+            Err(GraphError::DivByZero("s".into()))
+        );
+        let rem = Expr::int(7) % (Expr::Axis(0) + Expr::int(1));
+        assert_eq!(body(rem, DType::I32), Ok(()));
+    }
+
+    #[test]
+    fn deep_and_wide_bodies_are_bounded_without_recursion() {
+        let mut e = Expr::f32(1.0);
+        for _ in 0..100_000 {
+            e = e + Expr::f32(1.0);
+        }
+        let mut b = GraphBuilder::new();
+        b.input("a", &[4], DType::F32);
+        b.compute("s", &[4], DType::F32, e);
+        let err = b.graph().validate();
+        assert!(matches!(err, Err(GraphError::ExprLimit { .. })), "{err:?}");
+        // Dropping a 100k-deep Box chain recurses; leak it rather than overflow the test stack.
+        std::mem::forget(b);
+
+        let mut e = Expr::f32(1.0);
+        for _ in 0..MAX_EXPR_DEPTH - 1 {
+            e = e + Expr::f32(1.0);
+        }
+        let mut b = GraphBuilder::new();
+        b.input("a", &[4], DType::F32);
+        b.compute("s", &[4], DType::F32, e);
+        assert_eq!(b.graph().validate(), Ok(()));
+    }
+
+    #[test]
+    fn stage_count_is_bounded() {
+        let mut b = GraphBuilder::new();
+        let a = b.input("a", &[1], DType::F32);
+        for _ in 0..=MAX_STAGES {
+            b.compute("s", &[1], DType::F32, load(a, [Expr::Axis(0)]));
+        }
+        assert_eq!(
+            b.graph().validate(),
+            Err(GraphError::TooManyStages(MAX_STAGES + 1))
+        );
+    }
 }

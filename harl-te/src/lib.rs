@@ -12,6 +12,7 @@ pub mod dsl;
 pub mod expr;
 pub mod graph;
 pub mod interp;
+pub mod limits;
 pub mod ops;
 
 pub use expr::{BinaryOp, CmpOp, DType, Expr, TensorRef, UnaryOp};
