@@ -52,3 +52,75 @@ fn tuning_records_the_winner_and_the_next_build_uses_it() {
         again.kernels[0].source
     );
 }
+
+/// A cache directory the build cannot write (a vendored or read-only checkout; as root, whose
+/// writes permissions do not stop, the lock file's path is taken by a directory): the tune's
+/// winner is used, the build warns once, keeps the record in OUT_DIR, and the next build
+/// takes it from there instead of tuning again.
+#[test]
+fn a_read_only_cache_is_tuned_once_and_remembered_in_out_dir() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    std::env::set_var("DEP_HARL_ROOT", &root);
+    std::env::set_var("HARL_TRIALS", "16");
+    std::env::set_var("HARL_SEED", "5");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cache = dir.path().join("cache");
+    std::fs::create_dir(&cache).expect("mkdir");
+    let lock = TuningCache::new(&cache).path_for(&TargetFingerprint::host().isa_class);
+    std::fs::create_dir(format!("{}.lock", lock.display())).expect("occupy the lock path");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o555)).expect("chmod");
+    }
+    // Kept between runs for the measurer's build directory; what an earlier run remembered
+    // is removed.
+    let out = root.join("target/tune-build-test-ro");
+    let _ = std::fs::remove_dir_all(out.join("harl"));
+    let graph = workloads::matmul(48, 32, 40).expect("matmul");
+    let build = || {
+        Builder::new()
+            .quiet()
+            .tune(TuneMode::On)
+            .cache_dir(&cache)
+            .out_dir(&out)
+            .kernel("mm_ro", graph.clone())
+            .try_compile()
+            .expect("the build succeeds with a read-only cache")
+    };
+    let first = build();
+    assert!(
+        matches!(first.kernels[0].source, ScheduleSource::Tuned { .. }),
+        "{:?} / {:?}",
+        first.kernels[0].source,
+        first.warnings
+    );
+    let said: Vec<_> = first
+        .warnings
+        .iter()
+        .filter(|w| w.contains("could not record it"))
+        .collect();
+    assert_eq!(said.len(), 1, "{:?}", first.warnings);
+    assert!(said[0].contains("kept it in OUT_DIR"), "{said:?}");
+    let second = build();
+    assert!(
+        matches!(second.kernels[0].source, ScheduleSource::CacheExact { .. }),
+        "the second build tuned again: {:?} / {:?}",
+        second.kernels[0].source,
+        second.warnings
+    );
+    // (Beside the note that tests run harl-build unoptimised.)
+    assert!(
+        second
+            .warnings
+            .iter()
+            .all(|w| !w.contains("tuned") && !w.contains("record")),
+        "{:?}",
+        second.warnings
+    );
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o755));
+    }
+}
