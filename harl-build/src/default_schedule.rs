@@ -61,12 +61,32 @@ impl CpuTarget {
 
 /// Builds the default schedule for `graph`.
 pub fn default_schedule(graph: &Graph, target: &CpuTarget) -> Schedule {
+    // An inline the lowering refuses (one past the limits on inlined bodies, say a chain of
+    // stages that each read the previous one twice) keeps that stage materialised instead;
+    // each round refuses a new stage, so this ends.
+    let mut keep = vec![false; graph.stages.len()];
+    loop {
+        let schedule = plan(graph, target, &keep);
+        match crate::lower::lower(graph, &schedule) {
+            Err(crate::lower::ScheduleError::Step {
+                step: Step::ComputeInline { stage },
+                ..
+            }) if keep.get(stage) == Some(&false) => keep[stage] = true,
+            _ => return schedule,
+        }
+    }
+}
+
+/// The default schedule with the stages in `keep` never inlined.
+fn plan(graph: &Graph, target: &CpuTarget, keep: &[bool]) -> Schedule {
     let mut steps = Vec::new();
-    let last = graph.stages.len() - 1;
+    let Some(last) = graph.stages.len().checked_sub(1) else {
+        return Schedule { steps };
+    };
     // Inline cheap elementwise producers, keep padding (selects) materialised.
     let mut inlined = vec![false; graph.stages.len()];
     for (s, stage) in graph.stages.iter().enumerate().take(last) {
-        if stage.reduce.is_none() && !has_select(&stage.body) {
+        if stage.reduce.is_none() && !has_select(&stage.body) && !keep[s] {
             steps.push(Step::ComputeInline { stage: s });
             inlined[s] = true;
         }

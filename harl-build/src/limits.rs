@@ -25,6 +25,12 @@ pub const MAX_NEST_ITERATIONS: usize = 1 << 48;
 /// into every load of it, so a chain of stages that each read the previous one twice would
 /// double the body per stage.
 pub const MAX_BODY_NODES: usize = 1 << 16;
+/// Nesting depth of one stage's body after inlining (an inlined body nests inside its
+/// consumer's): the same bound as a declared body's. Lowering, partitioning and codegen
+/// recurse once per level, and a level of codegen's expression emitter takes about 5 KiB of
+/// stack in a debug build, so 256 levels stay under 1.5 MiB, inside the 2 MiB of a spawned
+/// thread.
+pub const MAX_BODY_DEPTH: usize = harl_te::limits::MAX_EXPR_DEPTH;
 /// Bytes of generated Rust for one kernel (all its ISA variants). Unrolling multiplies source
 /// size; the codegen keeps an unrolled loop a loop past 64 KiB, and this is the backstop.
 pub const MAX_SOURCE_BYTES: usize = 16 << 20;

@@ -6,7 +6,8 @@
 //! divide the extent gets a guard on exactly the part it overran.
 
 use crate::limits::{
-    MAX_BODY_NODES, MAX_LOOPS_PER_STAGE, MAX_NEST_ITERATIONS, MAX_SPLIT_FACTORS, MAX_STEPS,
+    MAX_BODY_DEPTH, MAX_BODY_NODES, MAX_LOOPS_PER_STAGE, MAX_NEST_ITERATIONS, MAX_SPLIT_FACTORS,
+    MAX_STEPS,
 };
 use crate::loop_ir::{LoopKind, Nest, Program, SharedBox, Stmt};
 use crate::schedule::{Schedule, Step};
@@ -171,6 +172,18 @@ fn node_count(e: &Expr) -> usize {
     let mut n = 0usize;
     e.visit(&mut |_| n += 1);
     n
+}
+
+/// Nesting depth of an expression (a leaf is 1). Recursive: bodies are at most
+/// [`MAX_BODY_DEPTH`] deep, which graph validation and [`Lowering::inline`] ensure.
+fn depth(e: &Expr) -> usize {
+    1 + match e {
+        Expr::Const(..) | Expr::Axis(_) => 0,
+        Expr::Load(_, idx) => idx.iter().map(depth).max().unwrap_or(0),
+        Expr::Unary(_, a) | Expr::Cast(_, a) => depth(a),
+        Expr::Binary(_, a, b) | Expr::Cmp(_, a, b) => depth(a).max(depth(b)),
+        Expr::Select(c, a, b) => depth(c).max(depth(a)).max(depth(b)),
+    }
 }
 
 /// Whether `order` lists each of `0..n` exactly once.
@@ -675,23 +688,31 @@ impl Lowering {
         }
         let body = self.graph.stages[s].body.clone();
         let body_nodes = node_count(&body);
+        let body_depth = depth(&body);
         for c in s + 1..self.graph.stages.len() {
             // Each load of stage `s` becomes a copy of its body: bound the result before
             // building it.
             // (Its axes become the load's indices, so a copy is at most body x indices.)
             let consumer = &self.graph.stages[c].body;
             let mut grown = node_count(consumer);
+            let mut idx_depth = 0;
             consumer.visit(&mut |e| {
                 if let Expr::Load(TensorRef::Stage(t), idx) = e {
                     if *t == s {
                         let idx_nodes: usize = idx.iter().map(node_count).sum();
                         grown = grown.saturating_add(body_nodes.saturating_mul(1 + idx_nodes));
+                        idx_depth = idx.iter().map(depth).fold(idx_depth, usize::max);
                     }
                 }
             });
             if grown > MAX_BODY_NODES {
                 return Err(format!(
                     "inlining stage {s} would give stage {c} a body of more than {MAX_BODY_NODES} nodes"
+                ));
+            }
+            if depth(consumer) + body_depth + idx_depth > MAX_BODY_DEPTH {
+                return Err(format!(
+                    "inlining stage {s} would nest stage {c}'s body deeper than {MAX_BODY_DEPTH}"
                 ));
             }
         }

@@ -282,3 +282,46 @@ fn build_with(out: &Path, g: Graph) -> Report {
         .try_compile()
         .expect("build step")
 }
+
+/// Graphs whose inlining would blow up: 40 stages that each read the previous one twice
+/// (2^40 nodes inlined) and 600 stages that each add one level. The default schedule inlines
+/// elementwise stages; past the limits it keeps them as stages, and the code stays correct.
+#[test]
+fn inlining_that_would_explode_or_nest_too_deep_keeps_the_stages() {
+    use harl_build::default_schedule::{default_schedule, CpuTarget};
+    use harl_build::lower::lower;
+    use harl_te::{load, DType, Expr, GraphBuilder};
+    for (what, stages, twice) in [("doubling", 40, true), ("deep", 600, false)] {
+        let mut b = GraphBuilder::new();
+        let x = b.input("x", &[8], DType::F32);
+        let mut prev = x;
+        for i in 0..stages {
+            let v = || load(prev, [Expr::axis(0)]);
+            // (Not `+ 1.0`: constants fold, and the body would not grow.)
+            let body = if twice {
+                v() + v()
+            } else {
+                v() + load(x, [Expr::axis(0)])
+            };
+            prev = b.compute(&format!("s{i}"), &[8], DType::F32, body);
+        }
+        let g = b.finish().expect("a valid graph");
+        let started = Instant::now();
+        let schedule = default_schedule(&g, &CpuTarget::portable());
+        let program = lower(&g, &schedule).expect("the default schedule lowers");
+        assert!(started.elapsed() < Duration::from_secs(20), "{what}");
+        let buffers = program.has_buffer.iter().filter(|&&b| b).count();
+        assert!(buffers > 1, "{what}: everything was inlined");
+        let input: Vec<f64> = (0..8).map(f64::from).collect();
+        let want = harl_te::interp::run(&g, &[&input]).expect("interpreter");
+        let factor = if twice {
+            2f64.powi(stages)
+        } else {
+            f64::from(stages + 1)
+        };
+        assert_eq!(want[3], 3.0 * factor, "{what}");
+        let dir = tempfile::tempdir().expect("tempdir");
+        build_with(dir.path(), g);
+        assert!(generated(dir.path()).contains("pub fn run("), "{what}");
+    }
+}
