@@ -41,6 +41,13 @@ fn cases() -> Vec<Case> {
             default_schedule(g, &CpuTarget::portable()),
         ];
         schedules.extend((0..4).map(|s| random_schedule(g, (gi * 100 + s) as u64, 30)));
+        // A GPU schedule in a CPU cache file (block and thread bindings, shared staging) is
+        // hostile but lowers: the CPU code must run its bound loops serially and be right.
+        if let Some(sk) = harl_build::gpu_sketch::GpuSketch::new(g) {
+            if let Ok(gpu) = sk.to_schedule(&sk.default_params()) {
+                schedules.push(gpu);
+            }
+        }
         for schedule in schedules {
             let inputs = data(g, gi as u64 + 7);
             let refs: Vec<&[f64]> = inputs.iter().map(|v| v.as_slice()).collect();
@@ -53,6 +60,8 @@ fn cases() -> Vec<Case> {
             });
         }
     }
+    // Six schedules a graph, plus GPU ones for most.
+    assert!(out.len() > 6 * graphs.len() + 4, "{} cases", out.len());
     out
 }
 
