@@ -211,7 +211,9 @@ impl GpuMeasurer {
         let host = self.stream.clone_dtoh(out).map_err(driver)?;
         for (&i, &want) in reference.points.iter().zip(&reference.expected) {
             let got = host.get(i).copied().map_or(f64::NAN, f64::from);
-            let close = (got - want).abs() <= reference.tolerance * (1.0 + want.abs());
+            // Equal values pass outright (infinities included), as in the CPU worker.
+            let close =
+                got == want || (got - want).abs() <= reference.tolerance * (1.0 + want.abs());
             // A NaN compares false: it is wrong.
             if !close {
                 return Err(format!("wrong result: element {i}: got {got}, want {want}"));
