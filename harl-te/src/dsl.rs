@@ -371,7 +371,14 @@ impl Cx {
                 syn::GenericArgument::Const(e) => self.size(e)?,
                 syn::GenericArgument::Type(syn::Type::Path(p)) if p.path.get_ident().is_some() => {
                     let id = p.path.get_ident().map(name_of).unwrap_or_default();
-                    self.const_named(&id, a.span())?
+                    let n = self.const_named(&id, a.span())?;
+                    if n > MAX_EXTENT {
+                        return Err(Error::new_spanned(
+                            a,
+                            format!("a dimension of {n} is over the limit of {MAX_EXTENT} (harl_te::limits::MAX_EXTENT)"),
+                        ));
+                    }
+                    n
                 }
                 other => {
                     return Err(Error::new_spanned(
@@ -388,7 +395,7 @@ impl Cx {
                 "a tensor needs at least one dimension (0-d tensors are not supported; a scalar is `Tensor<f32, 1>`)",
             ));
         }
-        check_shape(args.span(), &shape, "tensor")?;
+        check_shape(args, &shape, "tensor")?;
         Ok((dtype, shape))
     }
 
@@ -496,13 +503,25 @@ impl Cx {
                 Err(Error::new_spanned(tokens, e.to_string()))
             }
             (Err(GraphError::BadConst { value, dtype, .. }), _) => {
-                let msg = format!(
-                    "the literal {value} is not a valid {} value here (out of range or not finite in the kernel's type)",
-                    dtype.rust_name()
-                );
                 let lits = self.literals.borrow();
                 // The literal may have been negated after recording.
-                match lits.iter().find(|(v, _)| *v == value || -*v == value) {
+                let found = lits.iter().find(|(v, _)| *v == value || -*v == value);
+                let what = match found {
+                    Some((_, tokens)) => format!("`{tokens}`"),
+                    None => format!("the constant {value:e}"),
+                };
+                let msg = match dtype {
+                    DType::I32 => format!(
+                        "{what} is not an i32 (an integer in {}..={}) in this i32 expression",
+                        i32::MIN,
+                        i32::MAX
+                    ),
+                    d => format!(
+                        "{what} is not a finite {} (it overflows the kernel's element type)",
+                        d.rust_name()
+                    ),
+                };
+                match found {
                     Some((_, tokens)) => Err(Error::new_spanned(tokens, msg)),
                     None => Err(Error::new(span, msg)),
                 }
@@ -816,7 +835,7 @@ impl Cx {
                 "a compute needs at least one dimension (0-d tensors are not supported; use `[1]`)",
             ));
         }
-        check_shape(dims.span(), &shape, "compute")?;
+        check_shape(dims, &shape, "compute")?;
         self.extents = shape.clone();
         let names = closure_params(closure)?;
         check_unique_axes(&closure.inputs, &names, &[])?;
@@ -1351,22 +1370,22 @@ fn name_of(i: &syn::Ident) -> String {
 }
 
 /// Rank, extents and element count of a declared or computed shape, with a span.
-fn check_shape(span: Span, shape: &[usize], what: &str) -> Result<()> {
+fn check_shape(at: &impl quote::ToTokens, shape: &[usize], what: &str) -> Result<()> {
     if shape.len() > MAX_RANK {
-        return Err(Error::new(
-            span,
+        return Err(Error::new_spanned(
+            at,
             format!("a {what} of {} dimensions, over the limit of {MAX_RANK} (harl_te::limits::MAX_RANK)", shape.len()),
         ));
     }
     if let Some(n) = shape.iter().find(|&&n| n > MAX_EXTENT) {
-        return Err(Error::new(
-            span,
+        return Err(Error::new_spanned(
+            at,
             format!("a dimension of {n} is over the limit of {MAX_EXTENT} (harl_te::limits::MAX_EXTENT)"),
         ));
     }
     if checked_product(shape).is_none_or(|n| n > MAX_TENSOR_ELEMS) {
-        return Err(Error::new(
-            span,
+        return Err(Error::new_spanned(
+            at,
             format!("a {what} of shape {shape:?} has more than {MAX_TENSOR_ELEMS} elements (harl_te::limits::MAX_TENSOR_ELEMS)"),
         ));
     }
@@ -1578,13 +1597,13 @@ mod tests {
             ("N = 4", "fn f(a: Tensor<f32, N>) -> Tensor<f32, N> { compute([N], |i| sum([], || a[[i]])) }", "at least one reduce axis"),
             ("N = 4", "fn f(a: Tensor<f32, N>) -> Tensor<f32, N> { compute([N], |i| reduce_max([], || a[[i]])) }", "at least one reduce axis"),
             ("N = 65536", "fn f(a: Tensor<f32, N>) -> Tensor<f32, N> { compute([N], |i| sum([N, N, N], |x, y, z| a[[i]])) }", "more than 70368744177664 points"),
-            ("", "fn f(a: Tensor<f32, 4>) -> Tensor<f32, 4> { a * 1e39 }", "not a valid f32"),
-            ("", "fn f(a: Tensor<f32, 4>) -> Tensor<f32, 4> { 1e39 * a }", "not a valid f32"),
-            ("", "fn f(a: Tensor<f32, 4>) -> Tensor<f32, 4> { compute([4], |i| a[[i]] + -3.5e38) }", "not a valid f32"),
-            ("", "fn f(a: Tensor<f32, 4>) -> Tensor<f32, 4> { compute([4], |i| 1e39) }", "not a valid f32"),
-            ("", "fn f(a: Tensor<f64, 4>) -> Tensor<f64, 4> { compute([4], |i| a[[i]] * 1e309) }", "not a valid f64"),
-            ("", "fn f(a: Tensor<i32, 4>) -> Tensor<i32, 4> { compute([4], |i| a[[i]] + 3000000000) }", "not a valid i32"),
-            ("", "fn f(a: Tensor<i32, 4>) -> Tensor<i32, 4> { compute([4], |i| a[[i]] * 2.5) }", "not a valid i32"),
+            ("", "fn f(a: Tensor<f32, 4>) -> Tensor<f32, 4> { a * 1e39 }", "not a finite f32"),
+            ("", "fn f(a: Tensor<f32, 4>) -> Tensor<f32, 4> { 1e39 * a }", "not a finite f32"),
+            ("", "fn f(a: Tensor<f32, 4>) -> Tensor<f32, 4> { compute([4], |i| a[[i]] + -3.5e38) }", "not a finite f32"),
+            ("", "fn f(a: Tensor<f32, 4>) -> Tensor<f32, 4> { compute([4], |i| 1e39) }", "not a finite f32"),
+            ("", "fn f(a: Tensor<f64, 4>) -> Tensor<f64, 4> { compute([4], |i| a[[i]] * 1e309) }", "not a finite f64"),
+            ("", "fn f(a: Tensor<i32, 4>) -> Tensor<i32, 4> { compute([4], |i| a[[i]] + 3000000000) }", "not an i32"),
+            ("", "fn f(a: Tensor<i32, 4>) -> Tensor<i32, 4> { compute([4], |i| a[[i]] * 2.5) }", "not an i32"),
             ("", "fn f(a: Tensor<i32, 4>) -> Tensor<i32, 4> { compute([4], |i| a[[i]] + 99999999999999999999) }", "too large"),
             ("", "fn f(a: Tensor<f32, 4>, a: Tensor<f32, 4>) -> Tensor<f32, 4> { a + a }", "declared twice"),
             ("", "fn f(a: Tensor<f32, 4>, r#a: Tensor<f32, 4>) -> Tensor<f32, 4> { a + a }", "declared twice"),
@@ -1595,7 +1614,7 @@ mod tests {
             ("", "fn f(a: Tensor<f32, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1>) -> Tensor<f32, 1> { relu(a) }", "over the limit of 16"),
             ("N = 65536", "fn f(a: Tensor<f32, N>) -> Tensor<f32, N> { compute([N], |i| select(i * i * 2 < 0, a[[i]], 0.0)) }", "outside i32"),
             ("", "fn f(a: Tensor<f32, 4>) -> Tensor<f32, 4> { compute([4], |i| a[[i + 2147483647 - 2147483647]]) }", "outside i32"),
-            ("N = 3000000000", "fn f(a: Tensor<f32, 4>) -> Tensor<f32, 4> { compute([4], |i| a[[i]] + (N as f32)) }", "not a valid i32"),
+            ("N = 3000000000", "fn f(a: Tensor<f32, 4>) -> Tensor<f32, 4> { compute([4], |i| a[[i]] + (N as f32)) }", "not an i32"),
             ("", "fn f(a: Tensor<i32, 4>) -> Tensor<i32, 4> { compute([4], |i| a[[i]] / i) }", "divisor that can be zero"),
             ("", "fn f(a: Tensor<i32, 4>) -> Tensor<i32, 4> { compute([4], |i| a[[i]] % 0) }", "divisor that can be zero"),
             ("", &deep_item, "brackets nested deeper than 64"),

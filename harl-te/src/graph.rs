@@ -223,10 +223,10 @@ pub enum GraphError {
     IntOverflow {
         /// The stage.
         stage: String,
-        /// Lowest possible value.
-        lo: i128,
-        /// Highest possible value.
-        hi: i128,
+        /// Lowest possible value (clamped to i64).
+        lo: i64,
+        /// Highest possible value (clamped to i64).
+        hi: i64,
     },
     /// An integer division or remainder whose divisor can be zero.
     #[error("stage `{0}` divides an integer by a divisor that can be zero")]
@@ -559,8 +559,8 @@ impl Checker<'_> {
             Some((lo, hi)) if lo < i32::MIN as i128 || hi > i32::MAX as i128 => {
                 Err(GraphError::IntOverflow {
                     stage: self.graph.stages[self.stage].name.clone(),
-                    lo,
-                    hi,
+                    lo: lo.clamp(i64::MIN.into(), i64::MAX.into()) as i64,
+                    hi: hi.clamp(i64::MIN.into(), i64::MAX.into()) as i64,
                 })
             }
             _ => Ok(()),
@@ -930,10 +930,10 @@ mod tests {
             Err(GraphError::ZeroExtent(_))
         ));
         assert!(matches!(
-            copy_graph(&vec![1; MAX_RANK + 1]).validate(),
+            copy_graph(&[1; MAX_RANK + 1]).validate(),
             Err(GraphError::RankLimit { .. })
         ));
-        assert_eq!(copy_graph(&vec![1; MAX_RANK]).validate(), Ok(()));
+        assert_eq!(copy_graph(&[1; MAX_RANK]).validate(), Ok(()));
         assert_eq!(copy_graph(&[1 << 17, 1 << 17]).validate(), Ok(()));
     }
 
