@@ -28,6 +28,7 @@ cargo fuzz build "${build[@]}" || exit 1
 declare -A execs cov crashes
 for t in "${targets[@]}"; do
   mkdir -p "corpus/$t" "artifacts/$t"
+  rm -f "logs/$t".*.log # this invocation's runs only
   dict=()
   [ -f "$t.dict" ] && dict=("-dict=$t.dict")
   execs[$t]=0
