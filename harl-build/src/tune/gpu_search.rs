@@ -323,8 +323,10 @@ mod tests {
     }
 
     #[test]
-    fn a_graph_with_no_gpu_schedule_ends_the_search() {
-        // A 0-d reduction: no spatial loop to bind to blocks, too short to share.
+    fn a_graph_with_no_gpu_schedule_has_no_sketch_to_search() {
+        // A 0-d reduction: no spatial loop to bind to blocks. Graphs need a dimension since
+        // hostile shapes were ruled out, so it is taken before `finish` validates it; the
+        // sketch refuses it, and the builder then ships no tuned GPU code for it.
         let mut b = harl_te::GraphBuilder::new();
         let x = b.input("x", &[8], harl_te::DType::F32);
         let body = harl_te::Expr::Load(x, vec![harl_te::Expr::Axis(0)]);
@@ -336,17 +338,7 @@ mod tests {
             &[8],
             body,
         );
-        let g = b.finish().expect("graph");
-        let sk = GpuSketch::new(&g).expect("sketch");
-        assert!(sk.to_schedule(&sk.default_params()).is_err());
-        let options = GpuSearchOptions {
-            strategy: GpuStrategy::Sampling,
-            trials: 4,
-            batch: 2,
-            seed: 0,
-        };
-        let r = search(&sk, &options, &mut |_| Ok(1.0));
-        assert!(r.trials.is_empty() && r.best.is_none());
+        assert!(GpuSketch::new(b.graph()).is_none());
     }
 
     #[test]
