@@ -31,6 +31,14 @@ pub const MAX_BODY_NODES: usize = 1 << 16;
 /// stack in a debug build, so 256 levels stay under 1.5 MiB, inside the 2 MiB of a spawned
 /// thread.
 pub const MAX_BODY_DEPTH: usize = harl_te::limits::MAX_EXPR_DEPTH;
+/// Elements of scratch (the buffers of intermediate stages, including those rfactor and
+/// cache_read add) one call may allocate, as a multiple of the kernel's largest declared
+/// tensor, with [`MIN_SCRATCH_ELEMS`] allowed whatever the kernel. An rfactor of a large
+/// reduction multiplies its output by the factor; a record may not make the user's binary
+/// allocate gigabytes per call.
+pub const MAX_SCRATCH_FACTOR: usize = 16;
+/// Scratch elements always allowed (small kernels with wide rfactors).
+pub const MIN_SCRATCH_ELEMS: usize = 1 << 22;
 /// Bytes of generated Rust for one kernel (all its ISA variants). Unrolling multiplies source
 /// size; the codegen keeps an unrolled loop a loop past 64 KiB, and this is the backstop.
 pub const MAX_SOURCE_BYTES: usize = 16 << 20;

@@ -6,8 +6,8 @@
 //! divide the extent gets a guard on exactly the part it overran.
 
 use crate::limits::{
-    MAX_BODY_DEPTH, MAX_BODY_NODES, MAX_LOOPS_PER_STAGE, MAX_NEST_ITERATIONS, MAX_SPLIT_FACTORS,
-    MAX_STEPS,
+    MAX_BODY_DEPTH, MAX_BODY_NODES, MAX_LOOPS_PER_STAGE, MAX_NEST_ITERATIONS, MAX_SCRATCH_FACTOR,
+    MAX_SPLIT_FACTORS, MAX_STEPS, MIN_SCRATCH_ELEMS,
 };
 use crate::loop_ir::{LoopKind, Nest, Program, SharedBox, Stmt};
 use crate::schedule::{Schedule, Step};
@@ -28,6 +28,15 @@ pub enum ScheduleError {
     /// The graph itself is invalid.
     #[error("invalid graph: {0}")]
     Graph(#[from] harl_te::GraphError),
+    /// The schedule's intermediate buffers exceed [`MAX_SCRATCH_FACTOR`] times the kernel's
+    /// largest tensor.
+    #[error("the schedule allocates {scratch} elements of intermediate buffers per call, over the limit of {allowed} for this kernel")]
+    Scratch {
+        /// Elements the schedule's intermediate buffers hold.
+        scratch: usize,
+        /// The limit for this kernel.
+        allowed: usize,
+    },
     /// The schedule has more steps than [`MAX_STEPS`].
     #[error("schedule of {0} steps exceeds the limit of {MAX_STEPS}")]
     TooManySteps(usize),
@@ -232,9 +241,42 @@ pub fn lower(graph: &Graph, schedule: &Schedule) -> Result<Program, ScheduleErro
         step: schedule.steps[index].clone(),
         why,
     })?;
+    check_scratch(graph, &program)?;
     crate::partition::partition_program(&mut program);
     program.workload_key = graph.workload_key();
     Ok(program)
+}
+
+/// Bounds the intermediate buffers a schedule makes the kernel allocate per call (see
+/// [`MAX_SCRATCH_FACTOR`]).
+fn check_scratch(graph: &Graph, program: &Program) -> Result<(), ScheduleError> {
+    let largest = graph
+        .inputs
+        .iter()
+        .map(|t| harl_te::limits::checked_product(&t.shape))
+        .chain(
+            graph
+                .stages
+                .iter()
+                .map(|s| harl_te::limits::checked_product(&s.shape)),
+        )
+        .try_fold(0usize, |m, n| n.map(|n| m.max(n)))
+        .unwrap_or(usize::MAX);
+    let allowed = largest
+        .saturating_mul(MAX_SCRATCH_FACTOR)
+        .max(MIN_SCRATCH_ELEMS);
+    let stages = &program.graph.stages;
+    let last = stages.len().saturating_sub(1);
+    let scratch = stages
+        .iter()
+        .enumerate()
+        .filter(|&(s, _)| s != last && program.has_buffer.get(s) == Some(&true))
+        .map(|(_, st)| harl_te::limits::checked_product(&st.shape).unwrap_or(usize::MAX))
+        .fold(0usize, usize::saturating_add);
+    if scratch > allowed {
+        return Err(ScheduleError::Scratch { scratch, allowed });
+    }
+    Ok(())
 }
 
 impl Lowering {

@@ -325,3 +325,26 @@ fn inlining_that_would_explode_or_nest_too_deep_keeps_the_stages() {
         assert!(generated(dir.path()).contains("pub fn run("), "{what}");
     }
 }
+
+/// An rfactor that multiplies the output by a huge factor makes the binary allocate that much
+/// scratch per call: over the limit it is refused; a modest one still lowers.
+#[test]
+fn an_rfactor_that_would_allocate_gigabytes_is_refused() {
+    use harl_build::lower::{lower, ScheduleError};
+    let g = workloads::matmul(64, 1 << 16, 64).expect("matmul");
+    let wide = Schedule {
+        steps: vec![Step::Rfactor {
+            stage: 0,
+            factor: 1 << 15,
+        }],
+    };
+    assert!(
+        matches!(lower(&g, &wide), Err(ScheduleError::Scratch { .. })),
+        "{:?}",
+        lower(&g, &wide).map(|_| ())
+    );
+    let modest = Schedule {
+        steps: vec![Step::Rfactor { stage: 0, factor: 16 }],
+    };
+    assert!(lower(&g, &modest).is_ok());
+}
