@@ -496,6 +496,15 @@ pub fn exact_interval(e: &Expr, extents: &[usize]) -> Option<(i128, i128)> {
                     ];
                     (*c.iter().min()?, *c.iter().max()?)
                 }
+                // By a positive constant (how indices divide): tight, `/` truncating.
+                BinaryOp::Div if b0 == b1 && b0 > 0 => (a0 / b0, a1 / b0),
+                BinaryOp::Rem if b0 == b1 && b0 > 0 => {
+                    if a0 >= 0 {
+                        (0, (b0 - 1).min(a1))
+                    } else {
+                        (-(b0 - 1), b0 - 1)
+                    }
+                }
                 BinaryOp::Div | BinaryOp::Rem => {
                     if b0 <= 0 && b1 >= 0 {
                         return None;
@@ -691,51 +700,13 @@ impl Checker<'_> {
     }
 }
 
-/// Conservative integer range of an index expression, given the axis extents.
+/// Conservative integer range of an index expression, given the axis extents: its
+/// [`exact_interval`], or a wide range (a quarter of `i64` each way, so sums of two stay
+/// representable) where that depends on data.
 pub fn interval(e: &Expr, extents: &[usize]) -> (i64, i64) {
     const WIDE: (i64, i64) = (i64::MIN / 4, i64::MAX / 4);
-    match e {
-        Expr::Const(v, _) => (*v as i64, *v as i64),
-        Expr::Axis(a) => (0, extents.get(*a).map_or(0, |&n| n as i64 - 1)),
-        Expr::Binary(op, a, b) => {
-            let (a0, a1) = interval(a, extents);
-            let (b0, b1) = interval(b, extents);
-            match op {
-                BinaryOp::Add => (a0.saturating_add(b0), a1.saturating_add(b1)),
-                BinaryOp::Sub => (a0.saturating_sub(b1), a1.saturating_sub(b0)),
-                BinaryOp::Mul => {
-                    let c = [
-                        a0.saturating_mul(b0),
-                        a0.saturating_mul(b1),
-                        a1.saturating_mul(b0),
-                        a1.saturating_mul(b1),
-                    ];
-                    (*c.iter().min().unwrap_or(&0), *c.iter().max().unwrap_or(&0))
-                }
-                BinaryOp::Div if b0 == b1 && b0 > 0 => (a0 / b0, a1 / b0),
-                BinaryOp::Rem if b0 == b1 && b0 > 0 => {
-                    if a0 >= 0 {
-                        (0, (b0 - 1).min(a1))
-                    } else {
-                        (-(b0 - 1), b0 - 1)
-                    }
-                }
-                BinaryOp::Min => (a0.min(b0), a1.min(b1)),
-                BinaryOp::Max => (a0.max(b0), a1.max(b1)),
-                _ => WIDE,
-            }
-        }
-        Expr::Unary(UnaryOp::Neg, a) => {
-            let (a0, a1) = interval(a, extents);
-            (-a1, -a0)
-        }
-        Expr::Select(_, a, b) => {
-            let (a0, a1) = interval(a, extents);
-            let (b0, b1) = interval(b, extents);
-            (a0.min(b0), a1.max(b1))
-        }
-        _ => WIDE,
-    }
+    let clamp = |v: i128| v.clamp(WIDE.0 as i128, WIDE.1 as i128) as i64;
+    exact_interval(e, extents).map_or(WIDE, |(lo, hi)| (clamp(lo), clamp(hi)))
 }
 
 /// FNV-1a over canonical bytes, twice with different offsets, for a 128-bit key that is stable
