@@ -7,13 +7,20 @@ use harl_build::target::TargetFingerprint;
 use harl_build::{Builder, ScheduleSource, TuneMode};
 use harl_te::ops::workloads;
 
-#[test]
-fn tuning_records_the_winner_and_the_next_build_uses_it() {
+/// The environment of a build that tunes, the same in every test of this file (they share
+/// the process); returns the workspace root.
+fn tuning_env() -> std::path::PathBuf {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     // What cargo sets for a crate that depends on harl (its `links` metadata).
     std::env::set_var("DEP_HARL_ROOT", &root);
     std::env::set_var("HARL_TRIALS", "16");
     std::env::set_var("HARL_SEED", "5");
+    root
+}
+
+#[test]
+fn tuning_records_the_winner_and_the_next_build_uses_it() {
+    let root = tuning_env();
     let dir = tempfile::tempdir().expect("tempdir");
     let cache = dir.path().join("cache");
     // The measurer's build directory is shared with the other measuring tests.
@@ -59,10 +66,7 @@ fn tuning_records_the_winner_and_the_next_build_uses_it() {
 /// takes it from there instead of tuning again.
 #[test]
 fn a_read_only_cache_is_tuned_once_and_remembered_in_out_dir() {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    std::env::set_var("DEP_HARL_ROOT", &root);
-    std::env::set_var("HARL_TRIALS", "16");
-    std::env::set_var("HARL_SEED", "5");
+    let root = tuning_env();
     let dir = tempfile::tempdir().expect("tempdir");
     let cache = dir.path().join("cache");
     std::fs::create_dir(&cache).expect("mkdir");
