@@ -542,3 +542,29 @@ fn hostile_cache_lines_only_ever_print_harls_own_directives() {
     // One warning per hostile line that names `dense` or no workload, per kernel that reads it.
     assert!(warnings >= lines.len(), "{warnings} warnings\n{output}");
 }
+
+#[test]
+fn raw_identifiers_and_an_input_named_out_build_and_run() {
+    let krate = new_crate("harl-e2e-raw-names");
+    let main = r#"
+#[harl::kernel(N = 6)]
+fn r#match(r#type: Tensor<f32, N>, out: Tensor<f32, N>) -> Tensor<f32, N> {
+    compute([N], |r#i| r#type[[r#i]] * 2.0 + out[[r#i]])
+}
+
+fn main() {
+    let (t, o) = (vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], vec![0.5f32; 6]);
+    let mut got = vec![0.0f32; 6];
+    r#match(&t, &o, &mut got).expect("lengths");
+    assert_eq!(got, [2.5, 4.5, 6.5, 8.5, 10.5, 12.5]);
+    println!("RAW OK {}", r#match::schedule_source());
+}
+"#;
+    std::fs::write(krate.path().join("src/main.rs"), main).unwrap();
+    let run = Run::of(cargo_run(krate.path(), None));
+    assert!(
+        run.success && run.stdout.contains("RAW OK default schedule"),
+        "{}",
+        run.context()
+    );
+}
