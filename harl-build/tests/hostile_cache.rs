@@ -344,7 +344,10 @@ fn an_rfactor_that_would_allocate_gigabytes_is_refused() {
         lower(&g, &wide).map(|_| ())
     );
     let modest = Schedule {
-        steps: vec![Step::Rfactor { stage: 0, factor: 16 }],
+        steps: vec![Step::Rfactor {
+            stage: 0,
+            factor: 16,
+        }],
     };
     assert!(lower(&g, &modest).is_ok());
 }
