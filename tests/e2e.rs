@@ -502,7 +502,7 @@ fn hostile_cache_lines_only_ever_print_harls_own_directives() {
         valid.replacen(r#""version":1"#, &format!(r#""version":"{injected}""#), 1),
         valid.replacen(
             r#""harl_version":""#,
-            &format!(r#""harl_version":1,"x":""#),
+            r#""harl_version":1,"x":""#,
             1,
         ),
         format!("{{\"workload_key\":\"{key}\",\"version\":1,\"{injected}\":0}}"),
