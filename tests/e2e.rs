@@ -500,11 +500,7 @@ fn hostile_cache_lines_only_ever_print_harls_own_directives() {
         with_steps(&format!(r#"[{{"step":"split{injected}","stage":0}}]"#)),
         with_steps(&format!(r#"[{{"step":"fuse","stage":"{injected}"}}]"#)),
         valid.replacen(r#""version":1"#, &format!(r#""version":"{injected}""#), 1),
-        valid.replacen(
-            r#""harl_version":""#,
-            r#""harl_version":1,"x":""#,
-            1,
-        ),
+        valid.replacen(r#""harl_version":""#, r#""harl_version":1,"x":""#, 1),
         format!("{{\"workload_key\":\"{key}\",\"version\":1,\"{injected}\":0}}"),
         format!("not json {}", injected.replace("\\n", "\n")),
         // A record that wraps its split factors (the binary segfaulted on it) and one that
