@@ -13,7 +13,9 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::limits::{MAX_CACHE_FILE_BYTES, MAX_RECORD_LINE_BYTES};
+use crate::limits::{
+    MAX_CACHE_FILE_BYTES, MAX_LOOKUP_WARNINGS, MAX_RECORD_LINE_BYTES, MAX_VALIDATIONS,
+};
 use crate::schedule::Schedule;
 use crate::target::TargetFingerprint;
 
@@ -155,10 +157,13 @@ impl TuningCache {
     /// same ISA class; within a level the lowest `latency_s` wins (the earliest line on a tie).
     /// A line is skipped, with one warning naming the file, the line number and the reason, when
     /// it is not valid JSON, has an unknown `version`, does not parse as a [`Record`], has a
-    /// latency that is not finite and positive, belongs to another ISA class than the file, or
-    /// fails `validate`. Lines of other workloads are skipped silently (corrupt lines that name
-    /// no workload are always reported). A missing file is no record and no warning; other I/O
-    /// errors become warnings. This never fails.
+    /// latency that is not finite and positive, or belongs to another ISA class than the file.
+    /// Lines of other workloads are skipped silently (corrupt lines that name no workload are
+    /// always reported). The usable records are then tried best first with `validate` (one
+    /// warning each that fails) until one passes, at most [`MAX_VALIDATIONS`] of them, so that
+    /// a file of a million copies of a record costs one validation, not a million; and at most
+    /// [`MAX_LOOKUP_WARNINGS`] warnings are kept, the rest counted in a last one. A missing
+    /// file is no record and no warning; other I/O errors become warnings. This never fails.
     pub fn lookup(
         &self,
         workload_key: &str,
@@ -167,51 +172,61 @@ impl TuningCache {
     ) -> Lookup {
         let path = self.path_for(&target.isa_class);
         let mut warnings = Vec::new();
-        let mut exact: Option<Record> = None;
-        let mut compatible: Option<Record> = None;
+        let at = |line_no: usize, reason: &str| format!("{}:{line_no}: {reason}", path.display());
+        let mut candidates: Vec<(usize, Record)> = Vec::new();
         for (line_no, line) in read_lines(&path, &mut warnings) {
-            let warn = |warnings: &mut Vec<String>, reason: &str| {
-                warnings.push(format!("{}:{line_no}: {reason}", path.display()));
-            };
-            let record = match line {
-                Line::Valid(record) => record,
+            match line {
+                Line::Valid(record) if record.workload_key != workload_key => {}
+                Line::Valid(record) if !record.target.is_compatible(target) => {
+                    warnings.push(at(line_no, &misfiled(&record, &target.isa_class)));
+                }
+                Line::Valid(record) => candidates.push((line_no, record)),
                 Line::Bad { key, reason } => {
                     if key.as_deref().is_none_or(|k| k == workload_key) {
-                        warn(&mut warnings, &reason);
+                        warnings.push(at(line_no, &reason));
                     }
-                    continue;
                 }
-            };
-            if record.workload_key != workload_key {
-                continue;
-            }
-            if !record.target.is_compatible(target) {
-                warn(&mut warnings, &misfiled(&record, &target.isa_class));
-                continue;
-            }
-            if let Err(reason) = validate(&record) {
-                warn(&mut warnings, &format!("record rejected: {reason}"));
-                continue;
-            }
-            let slot = if record.target == *target {
-                &mut exact
-            } else {
-                &mut compatible
-            };
-            if slot
-                .as_ref()
-                .is_none_or(|best| record.latency_s < best.latency_s)
-            {
-                *slot = Some(record);
             }
         }
-        let (record, source) = match (exact, compatible) {
-            (Some(r), _) => (Some(r), LookupSource::Exact),
-            (None, Some(r)) => (Some(r), LookupSource::CompatibleIsa),
-            (None, None) => (None, LookupSource::Default),
+        // Best first: exact target, then lowest latency, then earliest line (the sort is stable).
+        candidates.sort_by(|(_, a), (_, b)| {
+            (a.target != *target)
+                .cmp(&(b.target != *target))
+                .then(a.latency_s.total_cmp(&b.latency_s))
+        });
+        let tried = candidates.len().min(MAX_VALIDATIONS);
+        let mut chosen = None;
+        for (line_no, record) in candidates.drain(..).take(tried) {
+            match validate(&record) {
+                Ok(()) => {
+                    chosen = Some(record);
+                    break;
+                }
+                Err(reason) => warnings.push(at(line_no, &format!("record rejected: {reason}"))),
+            }
+        }
+        if chosen.is_none() && tried == MAX_VALIDATIONS && candidates.len() > tried {
+            warnings.push(format!(
+                "{}: {} more records of this workload not tried (at most {MAX_VALIDATIONS} are)",
+                path.display(),
+                candidates.len() - tried
+            ));
+        }
+        if warnings.len() > MAX_LOOKUP_WARNINGS {
+            let more = warnings.len() - (MAX_LOOKUP_WARNINGS - 1);
+            warnings.truncate(MAX_LOOKUP_WARNINGS - 1);
+            warnings.push(format!(
+                "{}: {more} more warnings about this file",
+                path.display()
+            ));
+        }
+        let source = match &chosen {
+            Some(r) if r.target == *target => LookupSource::Exact,
+            Some(_) => LookupSource::CompatibleIsa,
+            None => LookupSource::Default,
         };
         Lookup {
-            record,
+            record: chosen,
             source,
             warnings,
         }
@@ -730,9 +745,9 @@ mod tests {
         let found = cache.lookup("k", &target("A"), reject_big);
         assert_eq!(found.source, LookupSource::Exact);
         assert_eq!(found.record, Some(next_exact));
-        assert_eq!(found.warnings.len(), 2, "{:?}", found.warnings);
+        // The compatible record (line 3) is never tried: an exact one passed first.
+        assert_eq!(found.warnings.len(), 1, "{:?}", found.warnings);
         assert!(found.warnings[0].ends_with(":1: record rejected: factor 64 too large"));
-        assert!(found.warnings[1].ends_with(":3: record rejected: factor 32 too large"));
 
         // When every exact record fails, fall back to a compatible one.
         let only_b = |r: &Record| {

@@ -21,6 +21,9 @@ pub const MAX_LOOPS_PER_STAGE: usize = 64;
 /// nest (each a product of a subset) inside `usize`.
 pub const MAX_NEST_ITERATIONS: usize = 1 << 48;
 
+/// Stages one schedule may add (each rfactor and cache_read adds one, with a buffer and a pass
+/// over it): a chain of thousands of copies would lower in seconds and run that many passes.
+pub const MAX_ADDED_STAGES: usize = 32;
 /// Expression nodes of one stage's body after inlining: inlining a producer copies its body
 /// into every load of it, so a chain of stages that each read the previous one twice would
 /// double the body per stage.
@@ -44,5 +47,10 @@ pub const MIN_SCRATCH_ELEMS: usize = 1 << 22;
 pub const MAX_SOURCE_BYTES: usize = 16 << 20;
 /// Bytes of one tuning-cache file. A larger file is not read at all (one warning).
 pub const MAX_CACHE_FILE_BYTES: u64 = 64 << 20;
+/// Records of one workload a lookup validates (best first) before it gives up: validation
+/// replays the schedule, and a file may hold a million copies of a failing record.
+pub const MAX_VALIDATIONS: usize = 32;
+/// Warnings one lookup reports about a file; the rest are counted in one more line.
+pub const MAX_LOOKUP_WARNINGS: usize = 16;
 /// Bytes of one line of a cache file. A longer line is skipped unparsed.
 pub const MAX_RECORD_LINE_BYTES: usize = 1 << 20;

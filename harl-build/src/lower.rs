@@ -6,8 +6,8 @@
 //! divide the extent gets a guard on exactly the part it overran.
 
 use crate::limits::{
-    MAX_BODY_DEPTH, MAX_BODY_NODES, MAX_LOOPS_PER_STAGE, MAX_NEST_ITERATIONS, MAX_SCRATCH_FACTOR,
-    MAX_SPLIT_FACTORS, MAX_STEPS, MIN_SCRATCH_ELEMS,
+    MAX_ADDED_STAGES, MAX_BODY_DEPTH, MAX_BODY_NODES, MAX_LOOPS_PER_STAGE, MAX_NEST_ITERATIONS,
+    MAX_SCRATCH_FACTOR, MAX_SPLIT_FACTORS, MAX_STEPS, MIN_SCRATCH_ELEMS,
 };
 use crate::loop_ir::{LoopKind, Nest, Program, SharedBox, Stmt};
 use crate::schedule::{Schedule, Step};
@@ -174,6 +174,8 @@ struct Lowering {
     thread_vars: Vec<usize>,
     /// While emitting a nest: the bytes of its shared boxes so far.
     shared_bytes: usize,
+    /// Stages the schedule has added so far (rfactor, cache_read).
+    added: usize,
 }
 
 /// Nodes of an expression tree.
@@ -222,6 +224,7 @@ pub fn lower(graph: &Graph, schedule: &Schedule) -> Result<Program, ScheduleErro
         var_extents: vec![],
         thread_vars: vec![],
         shared_bytes: 0,
+        added: 0,
     };
     for (index, step) in schedule.steps.iter().enumerate() {
         lw.apply(index, step).map_err(|why| ScheduleError::Step {
@@ -616,7 +619,7 @@ impl Lowering {
             body,
             dtype: stage.dtype,
         };
-        self.insert_stage(s, partial);
+        self.insert_stage(s, partial)?;
         let mut idx: Vec<Expr> = (0..n).map(Expr::Axis).collect();
         idx.push(Expr::Axis(n));
         let final_stage = &mut self.graph.stages[s + 1];
@@ -652,7 +655,13 @@ impl Lowering {
     }
 
     /// Inserts stage `s` (shifting `s..` up by one), renumbering later loads of stages `>= s`.
-    fn insert_stage(&mut self, s: usize, stage: harl_te::Stage) {
+    fn insert_stage(&mut self, s: usize, stage: harl_te::Stage) -> Result<(), String> {
+        if self.added >= MAX_ADDED_STAGES {
+            return Err(format!(
+                "the schedule adds more than {MAX_ADDED_STAGES} stages (rfactor, cache_read)"
+            ));
+        }
+        self.added += 1;
         for st in &mut self.graph.stages[s..] {
             st.body = st.body.map(&mut |e| match e {
                 Expr::Load(TensorRef::Stage(t), idx) if t >= s => {
@@ -665,6 +674,7 @@ impl Lowering {
         let n_spatial = stage.n_spatial();
         self.graph.stages.insert(s, stage);
         self.stages.insert(s, StageState::new(&axes, n_spatial));
+        Ok(())
     }
 
     fn cache_read(&mut self, s: usize, input: usize, order: &[usize]) -> Result<(), String> {
@@ -698,7 +708,7 @@ impl Lowering {
             body: Expr::Load(TensorRef::Input(input), src),
             dtype: param.dtype,
         };
-        self.insert_stage(s, copy);
+        self.insert_stage(s, copy)?;
         let reader = &mut self.graph.stages[s + 1];
         reader.body = reader.body.map(&mut |e| match e {
             Expr::Load(TensorRef::Input(i), idx) if i == input => Expr::Load(

@@ -121,6 +121,14 @@ fn hostile_lines() -> Vec<(&'static str, String)> {
                     .collect(),
             )),
         ),
+        (
+            "four thousand cache_read copies",
+            with_steps(serde_json::Value::Array(
+                (0..4096)
+                    .map(|_| serde_json::json!({"step": "cache_read", "stage": 0, "input": 0, "order": [0, 1]}))
+                    .collect(),
+            )),
+        ),
         ("deeply nested JSON", format!("{}{}", "[".repeat(100_000), "]".repeat(100_000))),
         ("invalid UTF-8", String::from_utf8_lossy(b"{\"version\":1,\xff\xfe}").into_owned()),
         ("a negative latency", {
@@ -350,4 +358,42 @@ fn an_rfactor_that_would_allocate_gigabytes_is_refused() {
         }],
     };
     assert!(lower(&g, &modest).is_ok());
+}
+
+/// A file of a hundred thousand corrupt lines and as many copies of a record that fails
+/// validation: the build stays fast, validates a bounded number of records and prints a
+/// bounded number of warnings.
+#[test]
+fn a_flood_of_bad_lines_costs_bounded_time_and_warnings() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cache = dir.path().join("cache");
+    std::fs::create_dir_all(&cache).expect("mkdir");
+    let failing = with_steps(serde_json::json!([
+        {"step": "split", "stage": 0, "at": 99, "factors": [2]}
+    ]));
+    let mut text = String::new();
+    for i in 0..100_000 {
+        text.push_str(if i % 2 == 0 { "{ not json\n" } else { &failing });
+        if i % 2 == 1 {
+            text.push('\n');
+        }
+    }
+    std::fs::write(cache_file(&cache), text).expect("write");
+    let started = Instant::now();
+    let r = build(&cache, &dir.path().join("out"));
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert_eq!(r.kernels[0].source, ScheduleSource::Default);
+    assert!(
+        r.warnings.len() <= harl_build::limits::MAX_LOOKUP_WARNINGS,
+        "{} warnings",
+        r.warnings.len()
+    );
+    assert!(r
+        .warnings
+        .last()
+        .is_some_and(|w| w.contains("more warnings")));
 }
