@@ -18,6 +18,9 @@ pub const MAX_SCAN_NESTING: usize = 1024;
 /// Longest run of tokens with no `,`, `;` or `{ }` block at one nesting level: syn parses a chain
 /// `a + a + ...` into a tree as deep as the chain.
 pub const MAX_SCAN_RUN: usize = 1 << 14;
+/// Longest run of punctuation tokens in a scanned file: syn recurses once per prefix operator
+/// and per `||` closure (`|| || || x`).
+pub const MAX_SCAN_PUNCT_RUN: usize = 256;
 /// Stack of the thread the scan runs on (reserved, not committed, until used).
 pub const SCAN_STACK_BYTES: usize = 256 << 20;
 
@@ -87,16 +90,25 @@ pub fn scan_source(src: &str, out: &mut Vec<KernelDecl>) {
     }
 }
 
-/// Whether syn can parse `tokens` without deep recursion: nesting and separator-free runs
-/// within [`MAX_SCAN_NESTING`] and [`MAX_SCAN_RUN`]. Walks with an explicit stack.
+/// Whether syn can parse `tokens` without deep recursion: nesting, separator-free runs and
+/// punctuation runs within [`MAX_SCAN_NESTING`], [`MAX_SCAN_RUN`] and [`MAX_SCAN_PUNCT_RUN`].
+/// Walks with an explicit stack.
 fn within_parser_limits(tokens: &proc_macro2::TokenStream) -> bool {
     use proc_macro2::TokenTree;
     let mut stack = vec![(tokens.clone().into_iter(), 0usize)];
+    let mut puncts = 0usize;
     while let Some((top, run)) = stack.last_mut() {
         let Some(tt) = top.next() else {
             stack.pop();
             continue;
         };
+        puncts = match &tt {
+            TokenTree::Punct(_) => puncts + 1,
+            _ => 0,
+        };
+        if puncts > MAX_SCAN_PUNCT_RUN {
+            return false;
+        }
         // Items, statements and arms end at `,`, `;` or a `{ }` block; a long binary chain
         // has none of those.
         *run = match &tt {

@@ -49,7 +49,19 @@ pub fn dsl(data: &[u8]) {
     let Ok(src) = std::str::from_utf8(data) else {
         return;
     };
-    let Ok(item) = syn::parse_str::<syn::ItemFn>(src) else {
+    // The build script's path: the crate scan, with its own parser limits.
+    let mut scanned = Vec::new();
+    harl_build::scan::scan_source(src, &mut scanned);
+    // The macro's path: the token limits first, then syn (which recurses per group and
+    // operator, so the order matters).
+    let Ok(tokens) = src.parse::<proc_macro2::TokenStream>() else {
+        return;
+    };
+    if harl_te::dsl::check_token_limits(&tokens).is_err() {
+        assert!(scanned.is_empty(), "the scan took a kernel the macro rejects");
+        return;
+    }
+    let Ok(item) = syn::parse2::<syn::ItemFn>(tokens) else {
         return;
     };
     // The same argument extraction as harl-build's crate scan.
