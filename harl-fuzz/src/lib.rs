@@ -58,7 +58,10 @@ pub fn dsl(data: &[u8]) {
         return;
     };
     if harl_te::dsl::check_token_limits(&tokens).is_err() {
-        assert!(scanned.is_empty(), "the scan took a kernel the macro rejects");
+        assert!(
+            scanned.is_empty(),
+            "the scan took a kernel the macro rejects"
+        );
         return;
     }
     let Ok(item) = syn::parse2::<syn::ItemFn>(tokens) else {
