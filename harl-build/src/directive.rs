@@ -12,16 +12,16 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 /// Escapes `text` so that it prints as one line of plain characters: control characters
-/// (newline, carriage return, tab, escape, NUL, ..., and Unicode's line and paragraph
-/// separators) become `\u{..}` escapes and a backslash becomes `\\`, so that an escape in the
-/// input cannot pass for one of ours. Everything else is kept, so paths and messages stay
-/// readable.
+/// (newline, carriage return, tab, escape, NUL, ...), Unicode's line and paragraph separators
+/// and invisible format characters (bidi overrides, zero-width) become `\u{..}` escapes, and a
+/// backslash becomes `\\`, so that an escape in the input cannot pass for one of ours.
+/// Everything else is kept, so paths and messages stay readable.
 pub fn escape(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         match c {
             '\\' => out.push_str("\\\\"),
-            c if is_line_breaking(c) => {
+            c if needs_escape(c) => {
                 // Writing to a String cannot fail.
                 let _ = write!(out, "\\u{{{:x}}}", c as u32);
             }
@@ -31,9 +31,21 @@ pub fn escape(text: &str) -> String {
     out
 }
 
-/// Control characters and Unicode's line and paragraph separators.
-fn is_line_breaking(c: char) -> bool {
-    c.is_control() || matches!(c, '\u{2028}' | '\u{2029}')
+/// Control characters, Unicode's line and paragraph separators, and the invisible format
+/// characters that reorder or hide text in a terminal (bidirectional overrides and isolates,
+/// zero-width characters, the byte-order mark): a warning must read as what it says.
+fn needs_escape(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{2028}'
+                | '\u{2029}'
+                | '\u{200b}'..='\u{200f}'
+                | '\u{202a}'..='\u{202e}'
+                | '\u{2060}'..='\u{2064}'
+                | '\u{2066}'..='\u{2069}'
+                | '\u{feff}'
+        )
 }
 
 /// Prints cargo build-script directives, or nothing when quiet (outside build scripts and in
@@ -65,7 +77,7 @@ impl Directives {
     /// Returns whether it printed.
     pub fn rerun_if_changed(&self, path: &Path) -> bool {
         match path.to_str() {
-            Some(p) if !p.chars().any(is_line_breaking) => {
+            Some(p) if !p.chars().any(needs_escape) => {
                 self.print("rerun-if-changed", p);
                 true
             }
@@ -96,6 +108,14 @@ mod tests {
             "a\\u{a}b\\u{d}c\\u{0}d\\u{1b}[31me\\u{2028}f\\u{85}g\\\\u{a}h\\u{9}i"
         );
         assert!(!e.chars().any(|c| c.is_control()));
+    }
+
+    #[test]
+    fn bidi_overrides_and_zero_width_characters_are_escaped() {
+        assert_eq!(
+            escape("a\u{202e}b\u{200b}c\u{2066}d\u{feff}"),
+            "a\\u{202e}b\\u{200b}c\\u{2066}d\\u{feff}"
+        );
     }
 
     #[test]
