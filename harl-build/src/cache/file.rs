@@ -9,101 +9,136 @@ use super::record::{check_latency, parse_record, RecordError};
 use super::{CacheError, Record, TuningCache, RECORD_VERSION};
 use crate::limits::{MAX_CACHE_FILE_BYTES, MAX_RECORD_LINE_BYTES};
 
-/// What one line of a cache file turned out to be.
-pub(crate) enum Line {
-    /// A well-formed record of the current version with a valid latency.
-    Valid(Record),
-    /// A line to skip; `key` is its workload key where one could be read.
-    Bad { key: Option<String>, reason: String },
-}
-
 impl TuningCache {
     /// Appends `record` to the file of its target's ISA class and returns that file's path.
     ///
-    /// Creates the directory if needed, holds an exclusive lock on `<file>.lock` for the whole
-    /// read-modify-write (so concurrent builds serialize), and writes the old content plus the
-    /// new line to a temporary file in the same directory, fsyncs it and renames it over the
-    /// file. Existing lines, even corrupt ones, are kept verbatim. A record that a lookup would
-    /// reject (another [`RECORD_VERSION`], a latency that is not finite and positive) is refused.
+    /// Creates the directory if needed and rewrites the file under its lock (see
+    /// [`write_records`]); existing lines, even corrupt ones, are kept verbatim. A record that
+    /// a lookup would reject (another [`RECORD_VERSION`], a latency that is not finite and
+    /// positive) is refused.
     pub fn append(&self, record: &Record) -> Result<PathBuf, CacheError> {
-        if record.version != RECORD_VERSION {
-            return Err(CacheError::InvalidRecord(format!(
-                "version {} (this crate writes version {RECORD_VERSION})",
-                record.version
-            )));
-        }
-        if let Err(reason) = check_latency(record.latency_s) {
-            return Err(CacheError::InvalidRecord(reason));
-        }
+        check_writable(record)?;
         let line = serde_json::to_string(record)?;
-
         fs::create_dir_all(&self.dir).map_err(io_err(&self.dir))?;
         let path = self.path_for(&record.target.isa_class);
-        let lock_path = sidecar(&path, ".lock");
-        let lock = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&lock_path)
-            .map_err(io_err(&lock_path))?;
-        lock.lock().map_err(io_err(&lock_path))?;
-
-        // The lock is released when `lock` is closed, on every return path below.
-        remove_stale_temps(&path);
-        let mut content = read_capped(&path, MAX_CACHE_FILE_BYTES)
-            .map_err(|why| io_err(&path)(io::Error::other(why)))?
-            .unwrap_or_default();
-        if content.last().is_some_and(|&b| b != b'\n') {
+        rewrite_locked(&path, |mut content| {
+            if content.last().is_some_and(|&b| b != b'\n') {
+                content.push(b'\n');
+            }
+            content.extend_from_slice(line.as_bytes());
             content.push(b'\n');
-        }
-        content.extend_from_slice(line.as_bytes());
-        content.push(b'\n');
-
-        let tmp_path = sidecar(&path, &format!(".{}.tmp", std::process::id()));
-        let written = write_synced(&tmp_path, &content)
-            .and_then(|()| fs::rename(&tmp_path, &path).map_err(io_err(&path)));
-        if let Err(e) = written {
-            // Best effort: do not leave the temporary file behind.
-            let _ = fs::remove_file(&tmp_path);
-            return Err(e);
-        }
-        sync_dir(&self.dir);
-        drop(lock);
+            content
+        })?;
         Ok(path)
     }
 }
 
-/// Reads `path` and classifies its non-blank lines, numbered from 1. A missing file yields
-/// nothing; any other read error is pushed to `warnings`.
-pub(crate) fn read_lines(path: &Path, warnings: &mut Vec<String>) -> Vec<(usize, Line)> {
-    let bytes = match read_capped(path, MAX_CACHE_FILE_BYTES) {
-        Ok(Some(bytes)) => bytes,
-        Ok(None) => return Vec::new(),
-        Err(why) => {
-            warnings.push(format!("{}: not read: {why}", path.display()));
-            return Vec::new();
-        }
+/// Replaces the file at `path` with `records`, one line each, under the same lock and atomic
+/// rename as [`TuningCache::append`] (the tool's merge and prune). Every record is checked as
+/// `append` checks it first.
+pub fn write_records(path: &Path, records: &[Record]) -> Result<(), CacheError> {
+    let mut text = String::new();
+    for record in records {
+        check_writable(record)?;
+        text.push_str(&serde_json::to_string(record)?);
+        text.push('\n');
+    }
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        fs::create_dir_all(dir).map_err(io_err(dir))?;
+    }
+    rewrite_locked(path, |_| text.into_bytes())
+}
+
+/// Refuses what a lookup would skip.
+fn check_writable(record: &Record) -> Result<(), CacheError> {
+    if record.version != RECORD_VERSION {
+        return Err(CacheError::InvalidRecord(format!(
+            "version {} (this crate writes version {RECORD_VERSION})",
+            record.version
+        )));
+    }
+    check_latency(record.latency_s).map_err(CacheError::InvalidRecord)
+}
+
+/// Holds an exclusive lock on `<path>.lock` for a read-modify-write of `path` (so concurrent
+/// writers serialize), removes temporary files killed writers left, and writes what `change`
+/// makes of the current content to a temporary file in the same directory, fsyncs it and
+/// renames it over `path`.
+fn rewrite_locked(path: &Path, change: impl FnOnce(Vec<u8>) -> Vec<u8>) -> Result<(), CacheError> {
+    let lock_path = sidecar(path, ".lock");
+    let lock = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&lock_path)
+        .map_err(io_err(&lock_path))?;
+    lock.lock().map_err(io_err(&lock_path))?;
+
+    // The lock is released when `lock` is closed, on every return path below.
+    remove_stale_temps(path);
+    let content = read_capped(path, MAX_CACHE_FILE_BYTES)
+        .map_err(|why| io_err(path)(io::Error::other(why)))?
+        .unwrap_or_default();
+    let content = change(content);
+
+    let tmp_path = sidecar(path, &format!(".{}.tmp", std::process::id()));
+    let written = write_synced(&tmp_path, &content)
+        .and_then(|()| fs::rename(&tmp_path, path).map_err(io_err(path)));
+    if let Err(e) = written {
+        // Best effort: do not leave the temporary file behind.
+        let _ = fs::remove_file(&tmp_path);
+        return Err(e);
+    }
+    if let Some(dir) = path.parent() {
+        sync_dir(dir);
+    }
+    drop(lock);
+    Ok(())
+}
+
+/// Every non-blank line of a cache file, numbered from 1, parsed: `Ok(None)` when the file
+/// does not exist, an error when it cannot be read as a cache file (not a regular file, over
+/// [`MAX_CACHE_FILE_BYTES`], an I/O error). Lines over [`MAX_RECORD_LINE_BYTES`] are errors
+/// unparsed.
+pub fn read_file(path: &Path) -> Result<Option<Vec<(usize, Result<Record, RecordError>)>>, String> {
+    let Some(bytes) = read_capped(path, MAX_CACHE_FILE_BYTES)? else {
+        return Ok(None);
     };
-    bytes
+    let lines = bytes
         .split(|&b| b == b'\n')
         .enumerate()
         .filter(|(_, raw)| !raw.trim_ascii().is_empty())
         .map(|(i, raw)| {
-            let line = if raw.len() > MAX_RECORD_LINE_BYTES {
-                Line::Bad {
+            let parsed = if raw.len() > MAX_RECORD_LINE_BYTES {
+                Err(RecordError {
                     key: None,
                     reason: format!(
                         "line of {} bytes exceeds the limit of {MAX_RECORD_LINE_BYTES}",
                         raw.len()
                     ),
-                }
+                })
             } else {
-                parse_line(raw)
+                parse_record(raw)
             };
-            (i + 1, line)
+            (i + 1, parsed)
         })
-        .collect()
+        .collect();
+    Ok(Some(lines))
+}
+
+/// [`read_file`] for lookups: a file that cannot be read is one warning and no lines.
+pub(crate) fn read_lines(
+    path: &Path,
+    warnings: &mut Vec<String>,
+) -> Vec<(usize, Result<Record, RecordError>)> {
+    match read_file(path) {
+        Ok(lines) => lines.unwrap_or_default(),
+        Err(why) => {
+            warnings.push(format!("{}: not read: {why}", path.display()));
+            Vec::new()
+        }
+    }
 }
 
 /// Reads a cache file of at most `cap` bytes: `Ok(None)` when it does not exist, an error
@@ -134,14 +169,6 @@ pub fn read_capped(path: &Path, cap: u64) -> Result<Option<Vec<u8>>, String> {
         return Err(format!("larger than the limit of {cap} bytes"));
     }
     Ok(Some(bytes))
-}
-
-/// Classifies one line.
-fn parse_line(raw: &[u8]) -> Line {
-    match parse_record(raw) {
-        Ok(record) => Line::Valid(record),
-        Err(RecordError { key, reason }) => Line::Bad { key, reason },
-    }
 }
 
 /// Removes temporary files that appends of `path` left behind when killed between writing

@@ -20,8 +20,8 @@ use crate::target::TargetFingerprint;
 mod file;
 mod record;
 
-pub use file::read_capped;
-use file::{read_lines, Line};
+use file::read_lines;
+pub use file::{read_capped, read_file, write_records};
 pub use record::{parse_record, Record, RecordError, RECORD_VERSION};
 
 /// How good a match [`TuningCache::lookup`] found.
@@ -125,12 +125,12 @@ impl TuningCache {
         let mut candidates: Vec<(usize, Record)> = Vec::new();
         for (line_no, line) in read_lines(&path, &mut warnings) {
             match line {
-                Line::Valid(record) if record.workload_key != workload_key => {}
-                Line::Valid(record) if !record.target.is_compatible(target) => {
+                Ok(record) if record.workload_key != workload_key => {}
+                Ok(record) if !record.target.is_compatible(target) => {
                     warnings.push(at(line_no, &misfiled(&record, &target.isa_class)));
                 }
-                Line::Valid(record) => candidates.push((line_no, record)),
-                Line::Bad { key, reason } => {
+                Ok(record) => candidates.push((line_no, record)),
+                Err(RecordError { key, reason }) => {
                     if key.as_deref().is_none_or(|k| k == workload_key) {
                         warnings.push(at(line_no, &reason));
                     }
@@ -189,12 +189,12 @@ impl TuningCache {
         let mut records = Vec::new();
         for (line_no, line) in read_lines(&path, &mut warnings) {
             let reason = match line {
-                Line::Valid(record) if record.target.isa_class == isa_class => {
+                Ok(record) if record.target.isa_class == isa_class => {
                     records.push(record);
                     continue;
                 }
-                Line::Valid(record) => misfiled(&record, isa_class),
-                Line::Bad { reason, .. } => reason,
+                Ok(record) => misfiled(&record, isa_class),
+                Err(RecordError { reason, .. }) => reason,
             };
             warnings.push(format!("{}:{line_no}: {reason}", path.display()));
         }
