@@ -97,11 +97,14 @@ fn rewrite_locked(path: &Path, change: impl FnOnce(Vec<u8>) -> Vec<u8>) -> Resul
     Ok(())
 }
 
+/// One line of a cache file: its number (from 1) and what it parsed as.
+pub type NumberedLine = (usize, Result<Record, RecordError>);
+
 /// Every non-blank line of a cache file, numbered from 1, parsed: `Ok(None)` when the file
 /// does not exist, an error when it cannot be read as a cache file (not a regular file, over
 /// [`MAX_CACHE_FILE_BYTES`], an I/O error). Lines over [`MAX_RECORD_LINE_BYTES`] are errors
 /// unparsed.
-pub fn read_file(path: &Path) -> Result<Option<Vec<(usize, Result<Record, RecordError>)>>, String> {
+pub fn read_file(path: &Path) -> Result<Option<Vec<NumberedLine>>, String> {
     let Some(bytes) = read_capped(path, MAX_CACHE_FILE_BYTES)? else {
         return Ok(None);
     };
@@ -128,10 +131,7 @@ pub fn read_file(path: &Path) -> Result<Option<Vec<(usize, Result<Record, Record
 }
 
 /// [`read_file`] for lookups: a file that cannot be read is one warning and no lines.
-pub(crate) fn read_lines(
-    path: &Path,
-    warnings: &mut Vec<String>,
-) -> Vec<(usize, Result<Record, RecordError>)> {
+pub(crate) fn read_lines(path: &Path, warnings: &mut Vec<String>) -> Vec<NumberedLine> {
     match read_file(path) {
         Ok(lines) => lines.unwrap_or_default(),
         Err(why) => {

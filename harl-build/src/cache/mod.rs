@@ -21,7 +21,7 @@ mod file;
 mod record;
 
 use file::read_lines;
-pub use file::{read_capped, read_file, write_records};
+pub use file::{read_capped, read_file, write_records, NumberedLine};
 pub use record::{parse_record, Record, RecordError, RECORD_VERSION};
 
 /// How good a match [`TuningCache::lookup`] found.
