@@ -540,7 +540,7 @@ fn hostile_cache_lines_only_ever_print_harls_own_directives() {
 }
 
 #[test]
-fn raw_identifiers_and_an_input_named_out_build_and_run() {
+fn raw_identifiers_an_input_named_out_and_a_300_character_name_build_and_run() {
     let krate = new_crate("harl-e2e-raw-names");
     let main = r#"
 #[harl::kernel(N = 6)]
@@ -548,7 +548,13 @@ fn r#match(r#type: Tensor<f32, N>, out: Tensor<f32, N>) -> Tensor<f32, N> {
     compute([N], |r#i| r#type[[r#i]] * 2.0 + out[[r#i]])
 }
 
+#[harl::kernel]
+fn LONG_NAME(x: Tensor<f32, 4>) -> Tensor<f32, 4> { -x }
+
 fn main() {
+    let mut neg = vec![0.0f32; 4];
+    LONG_NAME(&[1.0, 2.0, 3.0, 4.0], &mut neg).expect("lengths");
+    assert_eq!(neg, [-1.0, -2.0, -3.0, -4.0]);
     let (t, o) = (vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], vec![0.5f32; 6]);
     let mut got = vec![0.0f32; 6];
     r#match(&t, &o, &mut got).expect("lengths");
@@ -556,6 +562,9 @@ fn main() {
     println!("RAW OK {}", r#match::schedule_source());
 }
 "#;
+    // A name longer than a file name may be (255 bytes): the generated file's name is cut.
+    let long = format!("neg_{}", "x".repeat(300));
+    let main = main.replace("LONG_NAME", &long);
     std::fs::write(krate.path().join("src/main.rs"), main).unwrap();
     let run = Run::of(cargo_run(krate.path(), None));
     assert!(

@@ -308,7 +308,7 @@ impl Builder {
                 &env,
                 &mut |m| warn(m, &mut report),
             );
-            let path = gen_dir.join(format!("kernel_{}_{key}.rs", decl.name));
+            let path = gen_dir.join(decl.generated_file());
             write_if_changed(&path, &code)?;
             report.kernels.push(KernelReport {
                 name: decl.name,

@@ -49,7 +49,7 @@ const SETUP: &str = "add:\n  Cargo.toml:  [build-dependencies] harl-build = \"0.
 fn expand(attr: TokenStream2, f: &syn::ItemFn) -> syn::Result<TokenStream2> {
     let decl = harl_te::dsl::parse_kernel(attr, f)?;
     let key = decl.graph.workload_key();
-    let file = format!("kernel_{}_{key}.rs", decl.name);
+    let file = decl.generated_file();
     let name_span = f.sig.ident.span();
     // OUT_DIR can leak in from an outer cargo (a test that runs cargo); only this package's
     // own build-script directory (`.../build/<package>-<hash>/out`) counts.

@@ -62,6 +62,14 @@ pub struct KernelDecl {
 }
 
 impl KernelDecl {
+    /// The name of the file the build script generates for this kernel under `OUT_DIR/harl/`
+    /// and the macro includes: `kernel_<name>_<workload key>.rs`, the name cut to 64 characters
+    /// so that a long one stays within file-name limits (the key keeps it unique).
+    pub fn generated_file(&self) -> String {
+        let name: String = self.name.chars().take(64).collect();
+        format!("kernel_{name}_{}.rs", self.graph.workload_key())
+    }
+
     /// A name for the output parameter that does not clash with the inputs.
     pub fn output_name(&self) -> String {
         let mut name = "out".to_string();
