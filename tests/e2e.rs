@@ -551,9 +551,14 @@ fn r#match(r#type: Tensor<f32, N>, out: Tensor<f32, N>) -> Tensor<f32, N> {
 #[harl::kernel]
 fn LONG_NAME(x: Tensor<f32, 4>) -> Tensor<f32, 4> { -x }
 
+#[harl::kernel]
+fn LONG_NAME_twin(x: Tensor<f32, 4>) -> Tensor<f32, 4> { -x }
+
 fn main() {
     let mut neg = vec![0.0f32; 4];
     LONG_NAME(&[1.0, 2.0, 3.0, 4.0], &mut neg).expect("lengths");
+    assert_eq!(neg, [-1.0, -2.0, -3.0, -4.0]);
+    LONG_NAME_twin(&[1.0, 2.0, 3.0, 4.0], &mut neg).expect("lengths");
     assert_eq!(neg, [-1.0, -2.0, -3.0, -4.0]);
     let (t, o) = (vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], vec![0.5f32; 6]);
     let mut got = vec![0.0f32; 6];
@@ -572,4 +577,14 @@ fn main() {
         "{}",
         run.context()
     );
+    // The two long names share their first 64 characters and their workload, not their file.
+    let mut decls = Vec::new();
+    harl_build::scan::scan_source(
+        &std::fs::read_to_string(krate.path().join("src/main.rs")).unwrap(),
+        &mut decls,
+    );
+    let files: std::collections::HashSet<String> =
+        decls.iter().map(|d| d.generated_file()).collect();
+    assert_eq!(files.len(), decls.len(), "{files:?}");
+    assert!(files.iter().all(|f| f.len() < 200), "{files:?}");
 }

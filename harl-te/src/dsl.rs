@@ -63,11 +63,21 @@ pub struct KernelDecl {
 
 impl KernelDecl {
     /// The name of the file the build script generates for this kernel under `OUT_DIR/harl/`
-    /// and the macro includes: `kernel_<name>_<workload key>.rs`, the name cut to 64 characters
-    /// so that a long one stays within file-name limits (the key keeps it unique).
+    /// and the macro includes: `kernel_<name>_<workload key>.rs`. A name over 64 characters is
+    /// cut there and followed by a hash of the whole name, so that a long one stays within
+    /// file-name limits and two long names that share a prefix still get two files.
     pub fn generated_file(&self) -> String {
-        let name: String = self.name.chars().take(64).collect();
-        format!("kernel_{name}_{}.rs", self.graph.workload_key())
+        const KEEP: usize = 64;
+        let key = self.graph.workload_key();
+        if self.name.chars().count() <= KEEP {
+            return format!("kernel_{}_{key}.rs", self.name);
+        }
+        let cut: String = self.name.chars().take(KEEP).collect();
+        // FNV-1a: stable across Rust versions, unlike std's hasher.
+        let hash = self.name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+        });
+        format!("kernel_{cut}_{hash:016x}_{key}.rs")
     }
 
     /// A name for the output parameter that does not clash with the inputs.
