@@ -820,6 +820,13 @@ impl Lowering {
                 return err(why);
             }
             let tst = &self.stages[target];
+            if at >= tst.loops.len() {
+                // Checked when the step applied; a later fuse on the target removed the loop.
+                return err(format!(
+                    "stage {target} has {} loops once scheduled; there is no loop {at} to attach to",
+                    tst.loops.len()
+                ));
+            }
             if tst.cache_write.is_some_and(|p| at > p) {
                 return err(format!(
                     "loop {at} of stage {target} is inside its accumulator block; attach at or outside it"
