@@ -25,26 +25,8 @@ pub const MAX_SCAN_PUNCT_RUN: usize = 256;
 pub const SCAN_STACK_BYTES: usize = 256 << 20;
 
 /// Appends the kernels declared under `path` (a file or a directory, recursively) to `out`.
-/// Runs on a thread of its own with a [`SCAN_STACK_BYTES`] stack.
 pub fn scan_path(path: &Path, out: &mut Vec<KernelDecl>) -> Result<(), (PathBuf, std::io::Error)> {
-    let path = path.to_path_buf();
-    let found = std::thread::Builder::new()
-        .name("harl-scan".into())
-        .stack_size(SCAN_STACK_BYTES)
-        .spawn(move || {
-            let mut found = Vec::new();
-            walk(&path, 0, &mut found).map(|()| found)
-        })
-        .map_err(|e| (PathBuf::new(), e))?
-        .join()
-        .map_err(|_| {
-            (
-                PathBuf::new(),
-                std::io::Error::other("the source scan panicked"),
-            )
-        })??;
-    out.extend(found);
-    Ok(())
+    walk(path, 0, out)
 }
 
 fn walk(
@@ -77,17 +59,32 @@ fn walk(
     Ok(())
 }
 
-/// Appends the kernels declared in one source file.
+/// Appends the kernels declared in one source file. Parses on a thread of its own with a
+/// [`SCAN_STACK_BYTES`] stack, whatever the caller's stack is.
 pub fn scan_source(src: &str, out: &mut Vec<KernelDecl>) {
-    let Ok(tokens) = src.parse::<proc_macro2::TokenStream>() else {
-        return;
+    let scan = || {
+        let mut found = Vec::new();
+        let Ok(tokens) = src.parse::<proc_macro2::TokenStream>() else {
+            return found;
+        };
+        if !within_parser_limits(&tokens) {
+            return found;
+        }
+        if let Ok(file) = syn::parse2::<syn::File>(tokens) {
+            scan_items(&file.items, &mut found);
+        }
+        found
     };
-    if !within_parser_limits(&tokens) {
-        return;
-    }
-    if let Ok(file) = syn::parse2::<syn::File>(tokens) {
-        scan_items(&file.items, out);
-    }
+    let found = std::thread::scope(|s| {
+        std::thread::Builder::new()
+            .name("harl-scan".into())
+            .stack_size(SCAN_STACK_BYTES)
+            .spawn_scoped(s, scan)
+            .ok()
+            .and_then(|h| h.join().ok())
+    });
+    // No thread (or a panic in it) finds no kernel: the macro then reports the item itself.
+    out.extend(found.unwrap_or_default());
 }
 
 /// Whether syn can parse `tokens` without deep recursion: nesting, separator-free runs and
