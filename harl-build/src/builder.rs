@@ -427,14 +427,14 @@ impl Builder {
                 "kernel `{name}`: its schedules emit {} bytes of Rust, over the limit of {MAX_SOURCE_BYTES}; using plain loop nests",
                 code.len()
             ));
-            host_source = ScheduleSource::Default;
-            for v in &mut variants {
-                if let Ok(p) = lower(graph, &Schedule::naive()) {
-                    v.program = p;
+            if let Ok(plain) = lower(graph, &Schedule::naive()) {
+                host_source = ScheduleSource::Default;
+                for v in &mut variants {
+                    v.program = plain.clone();
                     v.source = ScheduleSource::Default.to_string();
                 }
+                code = emit_module(graph, &variants, &meta);
             }
-            code = emit_module(graph, &variants, &meta);
         }
         if self.cuda {
             if env.mode == TuneMode::On {
