@@ -1,7 +1,9 @@
 //! `cargo harl`: harl's tool, installed once per machine (`cargo install --path cargo-harl`).
 //!
-//! Today it reads and maintains tuning caches (`cargo harl cache list|merge|verify|prune`);
-//! tuning a crate from the tool is still done by its build script (`HARL_TUNE=on`).
+//! - `cargo harl tune`: tunes a crate's kernels on this machine and writes its `tuning-cache/`
+//!   (a build script with `HARL_TUNE=on` calls the same command with `--manifest`);
+//! - `cargo harl report`: the tuning table and best-so-far plots of the last tunes;
+//! - `cargo harl cache list|merge|verify|prune`: tuning-cache files.
 //!
 //! Cargo runs `cargo-harl harl <args>` for `cargo harl <args>`; running `cargo-harl` by hand
 //! takes the same arguments after `harl`.
@@ -17,13 +19,13 @@ mod commands;
 #[derive(Parser)]
 #[command(name = "cargo", bin_name = "cargo")]
 enum Cargo {
-    /// harl's tool: tuning caches (tuning to come).
+    /// harl's tool: tune a crate's kernels, report, maintain tuning caches.
     Harl(Harl),
 }
 
 /// The `harl` subcommand.
 #[derive(Args)]
-#[command(version, about = "harl's tool: read and maintain tuning caches")]
+#[command(version, about = "harl's tool: tune a crate's kernels on this machine, report, maintain tuning caches")]
 struct Harl {
     #[command(subcommand)]
     command: Command,
@@ -31,6 +33,10 @@ struct Harl {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Tunes the crate's kernels that have no record for this CPU and records the winners.
+    Tune(commands::tune::TuneArgs),
+    /// The tuning table and best-so-far curves (SVG) of the crate's last tunes.
+    Report(commands::report::ReportArgs),
     /// Tuning-cache files (`<isa-class>.jsonl`).
     #[command(subcommand)]
     Cache(CacheCommand),
@@ -81,8 +87,10 @@ pub enum CacheCommand {
 
 fn main() -> ExitCode {
     let Cargo::Harl(harl) = Cargo::parse();
-    let result = match harl.command {
-        Command::Cache(c) => commands::cache::run(c),
+    let result: Result<ExitCode, Box<dyn std::error::Error>> = match harl.command {
+        Command::Tune(args) => commands::tune::run(args).map_err(Into::into),
+        Command::Report(args) => commands::report::run(args).map_err(Into::into),
+        Command::Cache(c) => commands::cache::run(c).map_err(Into::into),
     };
     match result {
         Ok(code) => code,

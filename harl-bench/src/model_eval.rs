@@ -10,10 +10,10 @@ use crate::suite;
 use crate::Error;
 use harl_build::lower::lower;
 use harl_build::schedule::Schedule;
-use harl_build::tune::cost_model::{
+use harl_tune::cost_model::{
     pairwise_accuracy_grouped, top_k_recall, CostModel, RandomModel, XgbModel,
 };
-use harl_build::tune::features;
+use harl_tune::features;
 use std::collections::BTreeMap;
 use std::path::Path;
 

@@ -178,20 +178,21 @@ fn fusable_epilogue(graph: &Graph, s: usize, c: usize, reads: &[usize], inlined:
 }
 
 /// The register/cache tiling of a reduction stage (the tuner seeds its search with it).
-pub(crate) struct TilePlan {
+pub struct TilePlan {
     /// The vectorised spatial axis (contiguous in memory).
-    pub(crate) vec_axis: usize,
+    pub vec_axis: usize,
     /// The unrolled row axis of the register tile.
-    pub(crate) row_axis: Option<usize>,
+    pub row_axis: Option<usize>,
     /// [outer, mid, register] extents of the vector axis.
-    pub(crate) vec: [usize; 3],
+    pub vec: [usize; 3],
     /// [outer, mid, register] extents of the row axis.
-    pub(crate) row: [usize; 3],
+    pub row: [usize; 3],
     /// [outer, inner] of the first reduce axis.
-    pub(crate) red: [usize; 2],
+    pub red: [usize; 2],
 }
 
-pub(crate) fn plan_tiles(graph: &Graph, s: usize, target: &CpuTarget) -> Option<TilePlan> {
+/// The default tiling of stage `s`, if it is a reduction the heuristic tiles.
+pub fn plan_tiles(graph: &Graph, s: usize, target: &CpuTarget) -> Option<TilePlan> {
     let stage = &graph.stages[s];
     let ns = stage.n_spatial();
     let r = stage.reduce.as_ref()?;
@@ -409,7 +410,7 @@ fn emit_simple(steps: &mut Vec<Step>, graph: &Graph, s: usize, target: &CpuTarge
 /// Simple nests keep these as plain loops, neither fused into the parallel loop nor split for
 /// the vector loop, so that loop partitioning ([`crate::partition`]) can give them an interior
 /// without the select, where the copy vectorises by itself.
-pub(crate) fn guarded_axes(stage: &harl_te::Stage) -> Vec<bool> {
+pub fn guarded_axes(stage: &harl_te::Stage) -> Vec<bool> {
     let mut guarded = vec![false; stage.n_spatial()];
     stage.body.visit(&mut |e| {
         if let Expr::Select(c, _, _) = e {

@@ -13,6 +13,7 @@ pub mod gpu_sketch;
 pub mod limits;
 pub mod loop_ir;
 pub mod lower;
+pub mod manifest;
 #[cfg(feature = "cuda")]
 pub mod nvrtc;
 pub mod partition;
@@ -21,8 +22,7 @@ pub mod scan;
 pub mod schedule;
 pub mod shared_read;
 pub mod target;
-#[cfg(feature = "tune")]
-pub mod tune;
+pub mod tuner_tool;
 
 pub use builder::{BuildError, Builder, Report, ScheduleSource, TuneMode};
 pub use harl_te as te;

@@ -2,7 +2,6 @@
 //! loop-IR executor, bound loops serial), emits CUDA C, and, where NVRTC and ptxas are
 //! installed (CI installs the pip wheels), compiles to PTX that ptxas accepts for sm_90 and
 //! sm_80.
-#![cfg(feature = "tune")]
 
 mod common;
 

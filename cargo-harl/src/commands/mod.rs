@@ -1,3 +1,7 @@
 //! One module per command group.
 
 pub mod cache;
+pub mod krate;
+pub mod progress;
+pub mod report;
+pub mod tune;

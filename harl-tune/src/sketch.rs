@@ -40,11 +40,11 @@
 //! moves and mutations never return such a no-op). The knobs only choose among legal structures:
 //! a [`Params`] that [`Sketch::to_schedule`] accepts always lowers.
 
-use crate::default_schedule::{guarded_axes, plan_tiles, CpuTarget};
-use crate::lower::{lower, ScheduleError, MAX_ACC_ELEMS, MAX_UNROLL};
-use crate::schedule::{Schedule, Step};
-use crate::tune::features::eval_int;
-use crate::tune::rng::Rng;
+use harl_build::default_schedule::{guarded_axes, plan_tiles, CpuTarget};
+use harl_build::lower::{lower, ScheduleError, MAX_ACC_ELEMS, MAX_UNROLL};
+use harl_build::schedule::{Schedule, Step};
+use crate::features::eval_int;
+use harl_build::rng::Rng;
 use harl_te::{DType, Expr, Graph, TensorRef};
 use serde::{Deserialize, Serialize};
 
@@ -473,7 +473,7 @@ impl Sketch {
     }
 
     /// The point of this sketch closest to the hand-written default schedule
-    /// ([`crate::default_schedule`]): for each tiled stage the default's register and cache
+    /// ([`harl_build::default_schedule`]): for each tiled stage the default's register and cache
     /// tiles (the first reduce axis cache-blocked in `R1`, the other reduce axes whole in `R1`),
     /// the accumulator at the end of `S2`, an epilogue at the end of `S0`; all outer spatial
     /// loops in parallel, the narrowest vector width that covers the register tile, the deepest

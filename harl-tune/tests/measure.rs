@@ -1,16 +1,16 @@
 //! The measurer compiles candidates as they ship, runs each in its own process and labels every
 //! failure as one failed trial: a crash, a hang, a wrong result, a compile error, a schedule that
 //! does not lower. The good candidates of the same batch are still measured.
-#![cfg(feature = "tune")]
 //!
 //! All tests share one work dir (and so one target dir) under the workspace's `target/`, so
 //! harl and rayon compile in release once; builds serialise on the work dir's lock.
 
+#[path = "../../harl-build/tests/common/mod.rs"]
 mod common;
 
 use harl_build::default_schedule::{default_schedule, CpuTarget};
 use harl_build::schedule::{Schedule, Step};
-use harl_build::tune::measure::{
+use harl_tune::measure::{
     reference_data, Candidate, MeasureConfig, MeasureError, Measurer, TrialError,
 };
 use harl_te::ops::workloads as w;

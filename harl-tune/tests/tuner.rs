@@ -1,13 +1,12 @@
 //! The tuning loop is reproducible under a seed, spends its budget, and its curve only improves.
-#![cfg(feature = "tune")]
 
 use harl_build::codegen::Variant;
 use harl_build::schedule::Schedule;
-use harl_build::tune::cost_model::XgbModel;
-use harl_build::tune::search::strategy_by_name;
-use harl_build::tune::sketch::Task;
-use harl_build::tune::task_scheduler::scheduler_by_name;
-use harl_build::tune::tuner::{tune, Measure, TuneOptions, TuneResult};
+use harl_tune::cost_model::XgbModel;
+use harl_tune::search::strategy_by_name;
+use harl_tune::sketch::Task;
+use harl_tune::task_scheduler::scheduler_by_name;
+use harl_tune::tuner::{tune, Measure, TuneOptions, TuneResult};
 use harl_te::ops::workloads;
 use harl_te::Graph;
 

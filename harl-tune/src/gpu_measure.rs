@@ -8,11 +8,11 @@
 //! should one corrupt the context, every later trial of the batch fails with the driver's
 //! error (sticky CUDA errors need a new process), which the tuner records, not a crash.
 
-use crate::cuda;
-use crate::lower::lower;
-use crate::schedule::Schedule;
-use crate::tune::measure::{reference_data, ReferenceData};
-use crate::tune::tuner::Measure;
+use harl_build::cuda;
+use harl_build::lower::lower;
+use harl_build::schedule::Schedule;
+use crate::measure::{reference_data, ReferenceData};
+use crate::tuner::Measure;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 use harl_te::{DType, Graph};
 use std::sync::Arc;
@@ -79,7 +79,7 @@ impl GpuMeasurer {
         if !unsafe { cudarc::driver::sys::is_culib_present() } {
             return Err(GpuMeasureError::NoDriver);
         }
-        if !crate::nvrtc::nvrtc_available() {
+        if !harl_build::nvrtc::nvrtc_available() {
             return Err(GpuMeasureError::NoNvrtc);
         }
         let ctx = CudaContext::new(config.device)?;
@@ -101,7 +101,7 @@ impl GpuMeasurer {
 
     /// The device's tuning-cache fingerprint (name, compute capability, driver version,
     /// multiprocessors).
-    pub fn fingerprint(&self) -> crate::target::TargetFingerprint {
+    pub fn fingerprint(&self) -> harl_build::target::TargetFingerprint {
         let mut version = 0;
         // SAFETY: the driver is loaded (checked in `new`); the call writes one int.
         let _ = unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut version) };
@@ -112,7 +112,7 @@ impl GpuMeasurer {
             )
             .unwrap_or(1);
         let cc = (self.cc.0.max(0) as u32, self.cc.1.max(0) as u32);
-        crate::target::TargetFingerprint::cuda(
+        harl_build::target::TargetFingerprint::cuda(
             &self.ctx.name().unwrap_or_default(),
             cc,
             version,
@@ -159,7 +159,7 @@ impl GpuMeasurer {
         let program = lower(graph, schedule).map_err(|e| format!("invalid candidate: {e}"))?;
         let module = cuda::emit(&program).map_err(|e| format!("invalid candidate: {e}"))?;
         let cc = (self.cc.0 * 10 + self.cc.1).max(0) as u32;
-        let ptx = crate::nvrtc::compile_ptx(&module.source, cc)
+        let ptx = harl_build::nvrtc::compile_ptx(&module.source, cc)
             .map_err(|e| format!("compile error: {e}"))?;
         self.prepare(graph)?;
         let Some((_, reference, inputs)) = &self.data else {

@@ -2,13 +2,13 @@
 //! simulated annealing. A strategy proposes the next batch of unmeasured candidates of a task;
 //! it sees the space only through [`Sketch`] and scores candidates only through the cost model.
 
-use crate::default_schedule::CpuTarget;
-use crate::lower::lower;
-use crate::schedule::Schedule;
-use crate::tune::cost_model::CostModel;
-use crate::tune::features;
-use crate::tune::rng::Rng;
-use crate::tune::sketch::{generate_sketches, Params, Sketch, Task};
+use harl_build::default_schedule::CpuTarget;
+use harl_build::lower::lower;
+use harl_build::schedule::Schedule;
+use crate::cost_model::CostModel;
+use crate::features;
+use harl_build::rng::Rng;
+use crate::sketch::{generate_sketches, Params, Sketch, Task};
 use std::collections::HashSet;
 
 /// A complete candidate: its parameters, the schedule they give, and its features.
@@ -174,14 +174,14 @@ pub const STRATEGY_NAMES: &str = "harl, ansor, autotvm, random";
 /// from the best measured schedules (an ablation; `harl` is `harl-elite25`). `seed` seeds what
 /// a strategy initialises on its own (HARL's networks); every other random decision comes from
 /// the tuner's generator. `harl-adaptive` is HARL whose elite share follows the measured gains
-/// of each track start (an experiment, see [`crate::tune::track_start`]).
+/// of each track start (an experiment, see [`crate::track_start`]).
 pub fn strategy_by_name(name: &str, seed: u64) -> Option<Box<dyn SearchStrategy>> {
     let harl =
-        |adjust: &dyn Fn(&mut crate::tune::harl::HarlConfig)| -> Option<Box<dyn SearchStrategy>> {
-            let mut config = crate::tune::harl::HarlConfig::default();
+        |adjust: &dyn Fn(&mut crate::harl::HarlConfig)| -> Option<Box<dyn SearchStrategy>> {
+            let mut config = crate::harl::HarlConfig::default();
             config.ppo.seed = seed;
             adjust(&mut config);
-            Some(Box::new(crate::tune::harl::Harl::new(config)))
+            Some(Box::new(crate::harl::Harl::new(config)))
         };
     if name == "harl-adaptive" {
         return harl(&|c| c.adaptive_start = true);

@@ -1,6 +1,6 @@
-//! `HARL_TUNE=on` in a build: the kernel is tuned on this machine, the winner is recorded in the
-//! cache and used, and a second build takes it from the cache without tuning.
-#![cfg(feature = "tune")]
+//! `HARL_TUNE=on` in a build: the build script hands its kernels to the installed tuner (this
+//! package's `cargo-harl`, named by `HARL_TUNER`), the winner is recorded in the cache and used,
+//! and a second build takes it from the cache without tuning.
 
 use harl_build::cache::TuningCache;
 use harl_build::target::TargetFingerprint;
@@ -13,6 +13,7 @@ fn tuning_env() -> std::path::PathBuf {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     // What cargo sets for a crate that depends on harl (its `links` metadata).
     std::env::set_var("DEP_HARL_ROOT", &root);
+    std::env::set_var("HARL_TUNER", env!("CARGO_BIN_EXE_cargo-harl"));
     std::env::set_var("HARL_TRIALS", "16");
     std::env::set_var("HARL_SEED", "5");
     root
@@ -48,6 +49,10 @@ fn tuning_records_the_winner_and_the_next_build_uses_it() {
         "{:?}",
         tuned.warnings
     );
+    // The tuner's progress went to a log in OUT_DIR, and its trials to a trial log.
+    let log = std::fs::read_to_string(out.join("harl/tune.log")).expect("tune.log");
+    assert!(log.contains("16/16 trials"), "{log}");
+    assert!(out.join("harl/tune-log").read_dir().expect("trial logs").count() >= 1);
     let (records, warnings) =
         TuningCache::new(&cache).records(&TargetFingerprint::host().isa_class);
     assert_eq!(records.len(), 1, "{warnings:?}");

@@ -3,13 +3,13 @@
 //! is spent. Every decision draws from one seeded [`Rng`], so a seed and the same measurements
 //! give the same sequence of schedules.
 
-use crate::default_schedule::CpuTarget;
-use crate::schedule::Schedule;
-use crate::tune::cost_model::CostModel;
-use crate::tune::rng::Rng;
-use crate::tune::search::{Candidate, SearchStrategy, TaskState};
-use crate::tune::sketch::Task;
-use crate::tune::task_scheduler::{TaskScheduler, TaskView};
+use harl_build::default_schedule::CpuTarget;
+use harl_build::schedule::Schedule;
+use crate::cost_model::CostModel;
+use harl_build::rng::Rng;
+use crate::search::{Candidate, SearchStrategy, TaskState};
+use crate::sketch::Task;
+use crate::task_scheduler::{TaskScheduler, TaskView};
 use harl_te::Graph;
 use std::time::{Duration, Instant};
 
@@ -242,17 +242,17 @@ pub fn best_candidate(state: &TaskState) -> Option<(&Candidate, f64)> {
         .and_then(|t| t.latency_s.map(|l| (&t.candidate, l)))
 }
 
-impl Measure for crate::tune::measure::Measurer {
+impl Measure for crate::measure::Measurer {
     fn set_best(&mut self, best_s: Option<f64>) {
-        crate::tune::measure::Measurer::set_best(self, best_s);
+        crate::measure::Measurer::set_best(self, best_s);
     }
     fn measure(&mut self, graph: &Graph, schedules: &[Schedule]) -> Vec<Result<f64, String>> {
-        let candidates: Vec<crate::tune::measure::Candidate> = schedules
+        let candidates: Vec<crate::measure::Candidate> = schedules
             .iter()
             .cloned()
-            .map(crate::tune::measure::Candidate::Schedule)
+            .map(crate::measure::Candidate::Schedule)
             .collect();
-        crate::tune::measure::Measurer::measure(self, graph, &candidates)
+        crate::measure::Measurer::measure(self, graph, &candidates)
             .into_iter()
             .map(|m| match (m.latency_s, m.error) {
                 (Some(l), None) => Ok(l),

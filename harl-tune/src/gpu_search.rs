@@ -9,14 +9,14 @@
 //! seed; the measurement is a closure, so the same loop runs on a device (the GPU measurer) and
 //! in tests (a synthetic latency).
 
-use crate::gpu_sketch::{GpuParams, GpuSketch};
-use crate::lower::lower;
-use crate::rng::Rng;
-use crate::schedule::Schedule;
-use crate::tune::cost_model::{CostModel, XgbModel};
-use crate::tune::features;
-use crate::tune::gpu_harl::GpuHarl;
-use crate::tune::harl::HarlConfig;
+use harl_build::gpu_sketch::{GpuParams, GpuSketch};
+use harl_build::lower::lower;
+use harl_build::rng::Rng;
+use harl_build::schedule::Schedule;
+use crate::cost_model::{CostModel, XgbModel};
+use crate::features;
+use crate::gpu_harl::GpuHarl;
+use crate::harl::HarlConfig;
 use std::collections::HashSet;
 use std::time::Instant;
 
@@ -31,7 +31,7 @@ pub enum GpuStrategy {
     /// Samples and mutations of the best, ranked by the cost model (the module docs).
     #[default]
     Sampling,
-    /// HARL's parameter agent ([`crate::tune::gpu_harl`]): PPO-driven tile moves along
+    /// HARL's parameter agent ([`crate::gpu_harl`]): PPO-driven tile moves along
     /// schedule tracks, adaptive stopping, the top visited by predicted score measured.
     Harl,
 }
@@ -248,7 +248,7 @@ mod tests {
     /// staging; the default GEMM schedule (256 threads, a tile of 16, staged) takes 3 ms.
     fn latency(s: &Schedule, sketch: &GpuSketch) -> Result<f64, String> {
         let program = lower(sketch.graph(), s).map_err(|e| e.to_string())?;
-        let m = crate::cuda::emit(&program).map_err(|e| e.to_string())?;
+        let m = harl_build::cuda::emit(&program).map_err(|e| e.to_string())?;
         let block = m.launches.last().map_or(1, |l| l.block) as f64;
         let staged = m.source.contains("__shared__ float sh") as u8 as f64;
         let acc = program
@@ -261,8 +261,8 @@ mod tests {
         Ok(1e-3 * (2.0 + (block.log2() - 7.0).abs() + (acc.log2() - 5.0).abs() - staged))
     }
 
-    fn max_acc(s: &crate::loop_ir::Stmt) -> usize {
-        use crate::loop_ir::Stmt;
+    fn max_acc(s: &harl_build::loop_ir::Stmt) -> usize {
+        use harl_build::loop_ir::Stmt;
         match s {
             Stmt::AccDecl { size, .. } => *size,
             Stmt::For { body, .. } | Stmt::If { body, .. } | Stmt::Shared { body, .. } => {

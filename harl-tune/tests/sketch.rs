@@ -1,7 +1,7 @@
 //! The sketch space: every sampled, mutated or stepped parameter set lowers, and the program
 //! computes what the reference interpreter computes.
-#![cfg(feature = "tune")]
 
+#[path = "../../harl-build/tests/common/mod.rs"]
 mod common;
 
 use common::{assert_close, data, f64_math, i32_arith, matmul};
@@ -10,8 +10,8 @@ use harl_build::default_schedule::{default_schedule, CpuTarget};
 use harl_build::loop_ir::{execute, LoopKind, Program, Stmt};
 use harl_build::lower::lower;
 use harl_build::schedule::Schedule;
-use harl_build::tune::rng::Rng;
-use harl_build::tune::sketch::{generate_sketches, Params, Sketch, Task, UNROLL_STEPS};
+use harl_tune::rng::Rng;
+use harl_tune::sketch::{generate_sketches, Params, Sketch, Task, UNROLL_STEPS};
 use harl_te::ops::workloads as w;
 use harl_te::{interp, Graph};
 use proptest::prelude::*;

@@ -1,7 +1,6 @@
 //! A crate the user does not own (unpacked from a registry or checked out by cargo under
 //! `CARGO_HOME`, or vendored) is never tuned and its cache never written, whatever `HARL_TUNE`
 //! says. Its own process: it sets `CARGO_HOME` and `CARGO_MANIFEST_DIR`.
-#![cfg(feature = "tune")]
 
 use harl_build::{Builder, ScheduleSource, TuneMode};
 use harl_te::ops::workloads;
@@ -35,6 +34,7 @@ fn registry_git_and_vendored_crates_are_never_tuned_nor_written() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     // Were tuning to start, it could: the crate depends on harl.
     std::env::set_var("DEP_HARL_ROOT", &root);
+    std::env::set_var("HARL_TUNER", env!("CARGO_BIN_EXE_cargo-harl"));
     std::env::set_var("HARL_TRIALS", "4");
     std::env::remove_var("HARL_TUNE");
     let home = tempfile::tempdir().expect("tempdir");

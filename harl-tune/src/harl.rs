@@ -14,18 +14,18 @@
 //! schedules rather than random fillings (without them HARL lost to Ansor's evolutionary search,
 //! which keeps its best in the population, on conv1d at 200 trials); with `adaptive_start`
 //! (strategy `harl-adaptive`) the measured gains of each start set that share
-//! ([`crate::tune::track_start`]). XGBoost rank scores can be zero or negative, so the relative change is
+//! ([`crate::track_start`]). XGBoost rank scores can be zero or negative, so the relative change is
 //! taken against `max(|C(s)|, σ)` with σ the spread of the episode's initial scores, and clipped
 //! to [-1, 1].
 
-use crate::tune::bandit::{Aggregate, SlidingWindowUcb};
-use crate::tune::cost_model::CostModel;
-use crate::tune::ppo::{ActionSpace, Agent, PpoConfig, Transition};
-use crate::tune::rng::Rng;
-use crate::tune::search::{epsilon_greedy, Candidate, SearchStrategy, TaskState};
-use crate::tune::sketch::{Params, Sketch};
-use crate::tune::stopping::AdaptiveStopping;
-use crate::tune::track_start::{Origin, TrackStartCredit};
+use crate::bandit::{Aggregate, SlidingWindowUcb};
+use crate::cost_model::CostModel;
+use crate::ppo::{ActionSpace, Agent, PpoConfig, Transition};
+use harl_build::rng::Rng;
+use crate::search::{epsilon_greedy, Candidate, SearchStrategy, TaskState};
+use crate::sketch::{Params, Sketch};
+use crate::stopping::AdaptiveStopping;
+use crate::track_start::{Origin, TrackStartCredit};
 use std::collections::{HashMap, HashSet};
 
 /// HARL's parameters (defaults: the paper's section 6.2 where it gives them).
@@ -41,7 +41,7 @@ pub struct HarlConfig {
     /// (the rest start from random fillings).
     pub elite_fraction: f64,
     /// Let the measured gains of each track start set the elite share, starting from
-    /// `elite_fraction` ([`crate::tune::track_start`]); off by default (not yet shown to win).
+    /// `elite_fraction` ([`crate::track_start`]); off by default (not yet shown to win).
     pub adaptive_start: bool,
     /// Adaptive stopping window (λ).
     pub stop_window: usize,

@@ -48,7 +48,7 @@
 //! evaluating the flat index with one loop variable at 1. Guards (`If`) are ignored for trip
 //! counts (the work is counted as if unguarded) and reported as a share of the work.
 
-use crate::loop_ir::{LoopKind, Program, Stmt};
+use harl_build::loop_ir::{LoopKind, Program, Stmt};
 use harl_te::graph::interval;
 use harl_te::{BinaryOp, DType, Expr, ReduceOp, TensorRef, UnaryOp};
 use std::collections::BTreeMap;
@@ -988,8 +988,8 @@ fn buffer_block(b: &Buffer<'_>) -> [f32; BUFFER_LEN] {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::lower::lower;
-    use crate::schedule::{Schedule, Step};
+    use harl_build::lower::lower;
+    use harl_build::schedule::{Schedule, Step};
     use harl_te::ops::workloads;
 
     fn matmul(n: usize) -> harl_te::Graph {
@@ -1031,7 +1031,7 @@ pub(crate) mod tests {
     /// Random multi-level tilings of matmuls (sizes cycling through a few shapes, some with
     /// non-dividing factors), lowered: schedule-like programs for tests and timings.
     pub(crate) fn random_matmul_programs(n: usize, seed: u64) -> Vec<(usize, Program)> {
-        use crate::tune::rng::Rng;
+        use harl_build::rng::Rng;
         let shapes = [(64, 64, 64), (128, 96, 256), (96, 200, 72), (256, 256, 256)];
         let graphs: Vec<_> = shapes
             .iter()
@@ -1150,7 +1150,7 @@ pub(crate) mod tests {
 
     #[test]
     fn default_schedules_give_finite_features() {
-        let target = crate::default_schedule::CpuTarget::portable();
+        let target = harl_build::default_schedule::CpuTarget::portable();
         let graphs = [
             matmul(96),
             workloads::dense_bias_relu(50, 70, 90).expect("graph"),
@@ -1159,7 +1159,7 @@ pub(crate) mod tests {
             workloads::batch_matmul(2, 16, 24, 40).expect("graph"),
         ];
         for g in &graphs {
-            let s = crate::default_schedule::default_schedule(g, &target);
+            let s = harl_build::default_schedule::default_schedule(g, &target);
             let v = features(g, &s);
             assert_eq!(v.len(), FEATURE_LEN);
             assert!(v.iter().all(|x| x.is_finite()));
@@ -1260,9 +1260,9 @@ pub(crate) mod tests {
     #[test]
     fn deterministic() {
         let g = workloads::dense_bias_relu(48, 32, 64).expect("graph");
-        let s = crate::default_schedule::default_schedule(
+        let s = harl_build::default_schedule::default_schedule(
             &g,
-            &crate::default_schedule::CpuTarget::portable(),
+            &harl_build::default_schedule::CpuTarget::portable(),
         );
         let p = lower(&g, &s).expect("lowers");
         assert_eq!(extract(&p), extract(&p.clone()));

@@ -7,19 +7,19 @@
 //! level of an axis moved to another: spatial axes have the levels block, virtual thread,
 //! thread and register tile, reduce axes `R0` and `R1`), shared staging off/on, unroll off/on.
 //! The GPU sketch has one structure, so there is no sketch bandit; a single kernel is one task,
-//! so no task bandit either (the CPU search's [`crate::tune::task_scheduler`] does that level).
+//! so no task bandit either (the CPU search's [`crate::task_scheduler`] does that level).
 //! The agent keeps its weights across rounds of one search.
 
-use crate::gpu_sketch::{GpuParams, GpuSketch};
-use crate::lower::lower;
-use crate::rng::Rng;
-use crate::tune::cost_model::CostModel;
-use crate::tune::features;
-use crate::tune::harl::{
+use harl_build::gpu_sketch::{GpuParams, GpuSketch};
+use harl_build::lower::lower;
+use harl_build::rng::Rng;
+use crate::cost_model::CostModel;
+use crate::features;
+use crate::harl::{
     record_step, relative_reward, spread, trajectories, HarlConfig, HasTransitions,
 };
-use crate::tune::ppo::{ActionSpace, Agent, PpoConfig, Transition};
-use crate::tune::stopping::AdaptiveStopping;
+use crate::ppo::{ActionSpace, Agent, PpoConfig, Transition};
+use crate::stopping::AdaptiveStopping;
 use std::collections::HashSet;
 
 /// One tunable axis: (tiled stage, axis), spatial or reduce.

@@ -5,7 +5,7 @@
 //! the `harl` facade by path, built with `cargo build --release --offline` (opt-level 3 like a
 //! user's release build, no target-cpu flags of its own; the environment's `RUSTFLAGS` and
 //! `RUSTC` apply, as they do to the user's build). Each schedule is lowered and emitted by the
-//! very [`crate::codegen::emit_module`] that ships, for the host's ISA variant only, as one module
+//! very [`harl_build::codegen::emit_module`] that ships, for the host's ISA variant only, as one module
 //! of that project; `CARGO_TARGET_DIR` is `work_dir/target` and persists, so `harl` and rayon
 //! compile once. A batch that fails to compile is narrowed down to the failing candidates (from
 //! the file of each rustc error, else by bisection), so one bad candidate never costs the others;
@@ -35,11 +35,11 @@
 //! Caches are not flushed between repeats: kernels are timed warm, as they run back to back in
 //! a network.
 
-use crate::codegen::{emit_module, KernelMeta, Variant, VariantProgram};
-use crate::lower::lower;
-use crate::schedule::Schedule;
-use crate::target::TargetFingerprint;
-use crate::tune::rng::Rng;
+use harl_build::codegen::{emit_module, KernelMeta, Variant, VariantProgram};
+use harl_build::lower::lower;
+use harl_build::schedule::Schedule;
+use harl_build::target::TargetFingerprint;
+use harl_build::rng::Rng;
 use harl_te::{interp, DType, Graph, ReduceOp};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;

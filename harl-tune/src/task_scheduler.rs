@@ -4,7 +4,7 @@
 //! the weighted end-to-end latency, from the task's recent improvement (backward) and an
 //! optimistic forward guess, and picks the steepest. [`RoundRobin`] cycles.
 
-use crate::tune::rng::Rng;
+use harl_build::rng::Rng;
 
 /// What a scheduler sees of one task.
 #[derive(Clone, Debug)]
@@ -132,7 +132,7 @@ impl TaskScheduler for GradientScheduler {
 pub fn scheduler_by_name(name: &str) -> Option<Box<dyn TaskScheduler>> {
     match name {
         "gradient" => Some(Box::new(GradientScheduler::default())),
-        "harl" => Some(Box::new(crate::tune::bandit::SwUcbTaskScheduler::default())),
+        "harl" => Some(Box::new(crate::bandit::SwUcbTaskScheduler::default())),
         "round-robin" | "roundrobin" => Some(Box::new(RoundRobin::default())),
         _ => None,
     }

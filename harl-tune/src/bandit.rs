@@ -23,8 +23,8 @@
 //! The paper's settings (section 6.2, also used end to end, section 6.3): `c = 0.25`, window
 //! 256 ([`HARL_C`], [`HARL_WINDOW`]).
 
-use crate::tune::rng::Rng;
-use crate::tune::task_scheduler::{GradientScheduler, TaskScheduler, TaskView};
+use harl_build::rng::Rng;
+use crate::task_scheduler::{GradientScheduler, TaskScheduler, TaskView};
 use std::collections::VecDeque;
 
 /// The paper's SW-UCB window size `τ` (section 6.2: "the window size is 256").

@@ -1,0 +1,192 @@
+//! `cargo harl tune`: tunes the kernels of a crate (found by building it, see [`super::krate`])
+//! or of one build's manifest (`--manifest`, how a build script with `HARL_TUNE=on` calls the
+//! tool), writes the winners to the crate's tuning cache and prints the tuning table.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Args;
+use harl_build::directive::escape;
+use harl_build::manifest::{Manifest, TuneOutcome};
+use harl_tune::job::{self, JobOptions};
+
+use super::krate;
+use super::progress::{table, Live};
+
+/// `cargo harl tune` arguments.
+#[derive(Args, Debug)]
+pub struct TuneArgs {
+    /// The crate's Cargo.toml (default: the one cargo finds from the current directory).
+    #[arg(long, value_name = "PATH")]
+    pub manifest_path: Option<PathBuf>,
+    /// Tune the kernels of this build manifest (`OUT_DIR/harl/manifest.json`) instead of
+    /// building the crate; build scripts pass it.
+    #[arg(long, value_name = "FILE", conflicts_with = "manifest_path")]
+    pub manifest: Option<PathBuf>,
+    /// Write records here instead of the crate's cache directory (e.g. one directory per
+    /// shard, merged afterwards).
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Also write what was done as JSON here (read by the build script that called the tool).
+    #[arg(long, value_name = "FILE")]
+    pub results: Option<PathBuf>,
+    /// Measured trials per kernel.
+    #[arg(long, env = "HARL_TRIALS", default_value_t = 64)]
+    pub trials: usize,
+    /// Wall-time budget per kernel, in seconds.
+    #[arg(long = "time", env = "HARL_TUNE_SECONDS", default_value_t = 600)]
+    pub seconds: u64,
+    /// Search strategy: harl, ansor, autotvm or random.
+    #[arg(long, env = "HARL_STRATEGY", default_value = "ansor")]
+    pub strategy: String,
+    /// Seed of every search decision.
+    #[arg(long, env = "HARL_SEED", default_value_t = 0)]
+    pub seed: u64,
+    /// Trials per GPU kernel (builds that generate GPU code, on a host with a GPU).
+    #[arg(long, env = "HARL_GPU_TRIALS", default_value_t = 64)]
+    pub gpu_trials: usize,
+    /// Threads the kernels run with while measured (default: the build's, this machine's cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Tune share I of N of the kernels (0 <= I < N), e.g. one job of a CI matrix; merge the
+    /// shards' caches with `cargo harl cache merge`.
+    #[arg(long, value_name = "I/N", value_parser = parse_shard)]
+    pub shard: Option<(usize, usize)>,
+    /// Tune kernels that already have a record for this CPU too.
+    #[arg(long)]
+    pub force: bool,
+    /// Build the crate in release mode to find its kernels (the kernels are the same).
+    #[arg(long)]
+    pub release: bool,
+}
+
+fn parse_shard(s: &str) -> Result<(usize, usize), String> {
+    let (i, n) = s
+        .split_once('/')
+        .ok_or_else(|| format!("`{s}` is not I/N"))?;
+    let i: usize = i.trim().parse().map_err(|_| format!("`{s}`: I is not a number"))?;
+    let n: usize = n.trim().parse().map_err(|_| format!("`{s}`: N is not a number"))?;
+    if n == 0 || i >= n {
+        return Err(format!("`{s}`: need 0 <= I < N"));
+    }
+    Ok((i, n))
+}
+
+/// Why a tune could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum TuneError {
+    /// The crate's kernels could not be found.
+    #[error(transparent)]
+    Crate(#[from] krate::CrateError),
+    /// A manifest is unreadable.
+    #[error(transparent)]
+    Manifest(#[from] harl_build::manifest::ManifestError),
+    /// The job could not start.
+    #[error(transparent)]
+    Job(#[from] job::JobError),
+    /// The results file could not be written.
+    #[error("{}: {source}", path.display())]
+    Results {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+/// Runs the command.
+pub fn run(args: TuneArgs) -> Result<ExitCode, TuneError> {
+    let mut manifests: Vec<(PathBuf, Manifest)> = match &args.manifest {
+        Some(path) => vec![(path.clone(), Manifest::read(path)?)],
+        None => krate::manifests(args.manifest_path.as_deref(), args.release)?,
+    };
+    if let Some(dir) = &args.cache_dir {
+        for (_, m) in &mut manifests {
+            m.cache_dir = dir.clone();
+        }
+    }
+    let options = JobOptions {
+        trials: args.trials,
+        seconds: Some(args.seconds),
+        seed: args.seed,
+        strategy: args.strategy.clone(),
+        threads: args.threads,
+        shard: args.shard,
+        force: args.force,
+        log_dir: None,
+        gpu_trials: args.gpu_trials,
+    };
+    let mut outcomes: Vec<TuneOutcome> = Vec::new();
+    for (_, manifest) in &manifests {
+        let todo = job::select(manifest, &options)?;
+        let cached = manifest.kernels.len() - todo.len();
+        eprintln!(
+            "{}: {} kernel(s), {} to tune on {} ({} threads, {} trials each, strategy {}, seed {}{}); cache {}",
+            escape(&manifest.package),
+            manifest.kernels.len(),
+            todo.len(),
+            escape(&manifest.target.isa_class),
+            job::threads(manifest, &options),
+            options.trials,
+            escape(&options.strategy),
+            options.seed,
+            args.shard
+                .map_or(String::new(), |(i, n)| format!(", shard {i}/{n}")),
+            escape(&manifest.cache_dir.display().to_string()),
+        );
+        if todo.is_empty() && !manifest.cuda {
+            eprintln!(
+                "  nothing to tune: {cached} kernel(s) have records for this CPU or are another shard's (--force tunes again)"
+            );
+            continue;
+        }
+        let mut live = Live::new(todo.len());
+        outcomes.extend(job::run(manifest, &options, &mut live)?);
+    }
+    if let Some(path) = &args.results {
+        let text = serde_json::to_string(&outcomes).unwrap_or_else(|_| "[]".into());
+        std::fs::write(path, text).map_err(|source| TuneError::Results {
+            path: path.clone(),
+            source,
+        })?;
+    }
+    if !outcomes.is_empty() {
+        println!("\n{}", table(&outcomes));
+        let cache: Vec<String> = outcomes
+            .iter()
+            .filter_map(|o| o.recorded_in.as_ref())
+            .map(|p| escape(&p.display().to_string()))
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        if !cache.is_empty() {
+            println!(
+                "records written to {} (commit them so your users get these kernels without tuning)",
+                cache.join(", ")
+            );
+        }
+    }
+    // A GPU kernel on a host without a GPU is a note, not a failure.
+    let failed = outcomes
+        .iter()
+        .any(|o| o.latency_s.is_none() && !o.name.ends_with("(gpu)"));
+    Ok(if failed {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_shard;
+
+    #[test]
+    fn shards_parse_and_bad_ones_are_refused() {
+        assert_eq!(parse_shard("0/2"), Ok((0, 2)));
+        assert_eq!(parse_shard(" 3 / 4 "), Ok((3, 4)));
+        for bad in ["2/2", "1/0", "x/2", "1", "-1/2"] {
+            assert!(parse_shard(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,150 @@
+//! `cargo harl tune` on a build's manifest, as a CI matrix runs it: two shards, each into its own
+//! cache directory, merged with `cargo harl cache merge`, cover exactly what one run covers; a
+//! run resumed from its trial log measures nothing twice; `cargo harl report` reads the logs.
+
+use harl_build::cache::TuningCache;
+use harl_build::target::TargetFingerprint;
+use harl_build::Builder;
+use harl_te::ops::workloads;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn tool(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_cargo-harl"))
+        .arg("harl")
+        .args(args)
+        .env_remove("HARL_TRIALS")
+        .env_remove("HARL_SEED")
+        .env_remove("HARL_STRATEGY")
+        .output()
+        .expect("run cargo-harl")
+}
+
+fn ok(o: &Output) -> String {
+    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{stdout}\n{stderr}");
+    format!("{stdout}\n{stderr}")
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("utf-8 path")
+}
+
+/// The manifest of a build with three kernels (written by the real build step); the measurer's
+/// build directory under it is kept between runs.
+fn manifest(out: &Path, cache: &Path) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    std::env::set_var("DEP_HARL_ROOT", &root);
+    std::env::remove_var("HARL_TUNE");
+    let report = Builder::new()
+        .quiet()
+        .cache_dir(cache)
+        .out_dir(out)
+        .kernel("mm_a", workloads::matmul(32, 32, 32).expect("matmul"))
+        .kernel("mm_b", workloads::matmul(16, 48, 24).expect("matmul"))
+        .kernel("dense", workloads::dense_bias_relu(8, 32, 16).expect("dense"))
+        // A second kernel of mm_a's workload: it shares mm_a's record, so it is no extra work.
+        .kernel("mm_a_again", workloads::matmul(32, 32, 32).expect("matmul"))
+        .try_compile()
+        .expect("build step");
+    assert_eq!(report.kernels.len(), 4);
+    out.join("harl/manifest.json")
+}
+
+/// (workload key, target) of every record in a cache directory.
+fn coverage(dir: &Path) -> BTreeSet<(String, String)> {
+    let class = TargetFingerprint::host().isa_class;
+    let (records, warnings) = TuningCache::new(dir).records(&class);
+    assert!(warnings.is_empty(), "{warnings:?}");
+    let set: BTreeSet<_> = records
+        .iter()
+        .map(|r| (r.workload_key.clone(), format!("{:?}", r.target)))
+        .collect();
+    assert_eq!(set.len(), records.len(), "a duplicate record in {dir:?}");
+    set
+}
+
+#[test]
+fn two_shards_merged_cover_what_one_run_covers() {
+    let work = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/tune-cli-test");
+    let _ = std::fs::remove_dir_all(work.join("harl/tune-log"));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cache = |name: &str| dir.path().join(name);
+    let m = manifest(&work, &cache("unused"));
+    let tune = |extra: &[&str], into: &Path| {
+        let mut args = vec!["tune", "--manifest", s(&m), "--trials", "6", "--seed", "3"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--cache-dir", s(into)]);
+        ok(&tool(&args))
+    };
+    let single = cache("single");
+    let said = tune(&[], &single);
+    assert!(said.contains("3 to tune"), "{said}");
+    assert!(said.contains("speed-up"), "the closing table: {said}");
+    let whole = coverage(&single);
+    assert_eq!(whole.len(), 3, "one record per workload: {whole:?}");
+
+    let (a, b) = (cache("shard0"), cache("shard1"));
+    tune(&["--shard", "0/2"], &a);
+    tune(&["--shard", "1/2"], &b);
+    let (ca, cb) = (coverage(&a), coverage(&b));
+    assert!(!ca.is_empty() && !cb.is_empty(), "{ca:?} / {cb:?}");
+    assert!(ca.is_disjoint(&cb), "shards overlap: {ca:?} / {cb:?}");
+
+    let class = TargetFingerprint::host().isa_class;
+    let merged = cache("merged");
+    ok(&tool(&[
+        "cache",
+        "merge",
+        s(&TuningCache::new(&a).path_for(&class)),
+        s(&TuningCache::new(&b).path_for(&class)),
+        "-o",
+        s(&merged),
+    ]));
+    assert_eq!(coverage(&merged), whole);
+
+    // Run again into the single cache: every kernel has its record, nothing is tuned.
+    let again = tune(&[], &single);
+    assert!(again.contains("0 to tune"), "{again}");
+    assert_eq!(coverage(&single), whole);
+
+    // Forced again with the same seed into a fresh cache: the trial logs of the first run are
+    // replayed, so the search takes the same path and finds the same winners.
+    let replayed = cache("replayed");
+    tune(&["--force"], &replayed);
+    let best = |dir: &Path| {
+        let (records, _) = TuningCache::new(dir).records(&class);
+        records
+            .into_iter()
+            .map(|r| (r.workload_key, serde_json::to_string(&r.schedule).expect("json")))
+            .collect::<BTreeSet<_>>()
+    };
+    assert_eq!(best(&replayed), best(&single));
+
+    let report = ok(&tool(&[
+        "report",
+        "--manifest",
+        s(&m),
+        "--out",
+        s(&dir.path().join("report")),
+    ]));
+    assert!(report.contains("tuned GFLOP/s") && report.contains("mm_b"), "{report}");
+    let plots = std::fs::read_dir(dir.path().join("report")).expect("plots").count();
+    assert_eq!(plots, 3, "{report}");
+}
+
+#[test]
+fn bad_arguments_and_manifests_are_clear_errors() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bad = dir.path().join("manifest.json");
+    std::fs::write(&bad, "{\"version\": 99}").expect("write");
+    let out = tool(&["tune", "--manifest", s(&bad)]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("not a manifest"), "{stderr}");
+    let out = tool(&["tune", "--manifest", s(&bad), "--shard", "2/2"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("need 0 <= I < N"));
+}
