@@ -25,7 +25,10 @@ enum Cargo {
 
 /// The `harl` subcommand.
 #[derive(Args)]
-#[command(version, about = "harl's tool: tune a crate's kernels on this machine, report, maintain tuning caches")]
+#[command(
+    version,
+    about = "harl's tool: tune a crate's kernels on this machine, report, maintain tuning caches"
+)]
 struct Harl {
     #[command(subcommand)]
     command: Command,

@@ -52,7 +52,13 @@ fn tuning_records_the_winner_and_the_next_build_uses_it() {
     // The tuner's progress went to a log in OUT_DIR, and its trials to a trial log.
     let log = std::fs::read_to_string(out.join("harl/tune.log")).expect("tune.log");
     assert!(log.contains("16/16 trials"), "{log}");
-    assert!(out.join("harl/tune-log").read_dir().expect("trial logs").count() >= 1);
+    assert!(
+        out.join("harl/tune-log")
+            .read_dir()
+            .expect("trial logs")
+            .count()
+            >= 1
+    );
     let (records, warnings) =
         TuningCache::new(&cache).records(&TargetFingerprint::host().isa_class);
     assert_eq!(records.len(), 1, "{warnings:?}");

@@ -44,7 +44,10 @@ fn manifest(out: &Path, cache: &Path) -> PathBuf {
         .out_dir(out)
         .kernel("mm_a", workloads::matmul(32, 32, 32).expect("matmul"))
         .kernel("mm_b", workloads::matmul(16, 48, 24).expect("matmul"))
-        .kernel("dense", workloads::dense_bias_relu(8, 32, 16).expect("dense"))
+        .kernel(
+            "dense",
+            workloads::dense_bias_relu(8, 32, 16).expect("dense"),
+        )
         // A second kernel of mm_a's workload: it shares mm_a's record, so it is no extra work.
         .kernel("mm_a_again", workloads::matmul(32, 32, 32).expect("matmul"))
         .try_compile()
@@ -95,6 +98,7 @@ fn two_shards_merged_cover_what_one_run_covers() {
 
     let class = TargetFingerprint::host().isa_class;
     let merged = cache("merged");
+    std::fs::create_dir(&merged).expect("mkdir");
     ok(&tool(&[
         "cache",
         "merge",
@@ -118,7 +122,12 @@ fn two_shards_merged_cover_what_one_run_covers() {
         let (records, _) = TuningCache::new(dir).records(&class);
         records
             .into_iter()
-            .map(|r| (r.workload_key, serde_json::to_string(&r.schedule).expect("json")))
+            .map(|r| {
+                (
+                    r.workload_key,
+                    serde_json::to_string(&r.schedule).expect("json"),
+                )
+            })
             .collect::<BTreeSet<_>>()
     };
     assert_eq!(best(&replayed), best(&single));
@@ -130,8 +139,13 @@ fn two_shards_merged_cover_what_one_run_covers() {
         "--out",
         s(&dir.path().join("report")),
     ]));
-    assert!(report.contains("tuned GFLOP/s") && report.contains("mm_b"), "{report}");
-    let plots = std::fs::read_dir(dir.path().join("report")).expect("plots").count();
+    assert!(
+        report.contains("tuned GFLOP/s") && report.contains("mm_b"),
+        "{report}"
+    );
+    let plots = std::fs::read_dir(dir.path().join("report"))
+        .expect("plots")
+        .count();
     assert_eq!(plots, 3, "{report}");
 }
 

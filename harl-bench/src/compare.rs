@@ -18,7 +18,7 @@ use crate::suite;
 use crate::tune::{run_tasks, RunSpec};
 use crate::Error;
 use harl_build::target::TargetFingerprint;
-use harl_tune::sketch::Task;
+use harl_tune::space::cpu::Task;
 use harl_tune::tuner::{PhaseTimes, TuneResult};
 use serde_json::{json, Value};
 use std::path::PathBuf;

@@ -6,7 +6,7 @@
 //!                [--strategy sampling|harl]
 //! ```
 //!
-//! The search is [`harl_tune::gpu_search`] (the one `build.rs` runs): each round ranks
+//! The search is [`harl_tune::tuner::gpu`] (the one `build.rs` runs): each round ranks
 //! 512 samples and mutations of the best measured schedules with the XGBoost model and measures
 //! the best `B` (a quarter of them random); the default GPU schedule is measured first. (HARL's
 //! parameter agent works on the CPU sketch's parameters; moving it to the GPU sketch is the
@@ -16,8 +16,8 @@
 use crate::suite;
 use crate::Error;
 use harl_build::gpu_sketch::GpuSketch;
-use harl_tune::gpu_measure::{GpuMeasureConfig, GpuMeasurer};
-use harl_tune::gpu_search::{self, GpuSearchOptions, GpuStrategy};
+use harl_tune::measure::gpu::{GpuMeasureConfig, GpuMeasurer};
+use harl_tune::tuner::gpu::{self as gpu_search, GpuSearchOptions, GpuStrategy};
 use serde_json::json;
 use std::path::PathBuf;
 

@@ -8,7 +8,7 @@ use crate::suite;
 use crate::tune::{host_target, measure_rotating};
 use crate::Error;
 use harl_build::default_schedule::default_schedule;
-use harl_tune::sketch::generate_sketches;
+use harl_tune::space::cpu::generate_sketches;
 
 /// Times the default schedule (twice) and the sketches' default points, `rounds` rounds; with
 /// `emit`, also writes each schedule's generated Rust module there (`0.rs`, `1.rs`, ...).

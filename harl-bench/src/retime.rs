@@ -14,7 +14,7 @@ use crate::tune::{host_target, measure_rotating};
 use crate::Error;
 use harl_build::default_schedule::default_schedule;
 use harl_build::schedule::Schedule;
-use harl_tune::sketch::{generate_sketches, Params};
+use harl_tune::space::cpu::{generate_sketches, Params};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::path::Path;

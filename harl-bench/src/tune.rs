@@ -14,14 +14,14 @@ use harl_build::codegen::Variant;
 use harl_build::default_schedule::{default_schedule, CpuTarget};
 use harl_build::schedule::Schedule;
 use harl_build::target::TargetFingerprint;
+use harl_te::Graph;
 use harl_tune::cost_model::XgbModel;
 use harl_tune::measure::Candidate;
 use harl_tune::measure::{MeasureConfig, Measurer};
-use harl_tune::search::strategy_by_name;
-use harl_tune::sketch::Task;
+use harl_tune::space::cpu::Task;
+use harl_tune::strategy::strategy_by_name;
 use harl_tune::task_scheduler::scheduler_by_name;
 use harl_tune::tuner::{best_candidate, tune, TuneOptions, TuneResult};
-use harl_te::Graph;
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -251,7 +251,7 @@ pub fn run_tasks(tasks: Vec<Task>, spec: &RunSpec<'_>) -> Result<TuneResult, Err
     let mut strategy = strategy_by_name(strategy, seed).ok_or_else(|| {
         format!(
             "unknown strategy `{strategy}` ({})",
-            harl_tune::search::STRATEGY_NAMES
+            harl_tune::strategy::STRATEGY_NAMES
         )
     })?;
     let mut scheduler = scheduler_by_name(scheduler)

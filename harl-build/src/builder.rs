@@ -16,9 +16,9 @@ use crate::limits::MAX_SOURCE_BYTES;
 use crate::lower::lower;
 use crate::manifest::{Manifest, ManifestKernel, TuneOutcome, MANIFEST_FILE, MANIFEST_VERSION};
 use crate::scan;
-use crate::tuner_tool::{find_tuner, run_tuner, TUNER_BIN};
 use crate::schedule::Schedule;
 use crate::target::TargetFingerprint;
+use crate::tuner_tool::{find_tuner, run_tuner, TUNER_BIN};
 use harl_te::Graph;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -309,7 +309,10 @@ impl Builder {
             .chain(self.kernels.iter().map(|k| (k.name.as_str(), &k.graph)))
             .collect();
         let manifest_path = gen_dir.join(MANIFEST_FILE);
-        if let Err(e) = self.manifest(&kernels, &env, &gen_dir).write(&manifest_path) {
+        if let Err(e) = self
+            .manifest(&kernels, &env, &gen_dir)
+            .write(&manifest_path)
+        {
             warn(
                 format!("cannot write {}: {e}", manifest_path.display()),
                 &mut report,
@@ -322,15 +325,10 @@ impl Builder {
         };
         for decl in &found {
             let params = param_names(decl.params.iter().map(|p| p.name.as_str()));
-            let (code, source, key) = self.generate(
-                &decl.name,
-                &decl.graph,
-                params,
-                "out".into(),
-                &env,
-                &tuned,
-                &mut |m| warn(m, &mut report),
-            );
+            let (code, source, key) =
+                self.generate(&decl.name, &decl.graph, params, &env, &tuned, &mut |m| {
+                    warn(m, &mut report)
+                });
             let path = gen_dir.join(decl.generated_file());
             write_if_changed(&path, &code)?;
             report.kernels.push(KernelReport {
@@ -345,7 +343,7 @@ impl Builder {
         for k in &self.kernels {
             let params = param_names(k.graph.inputs.iter().map(|p| p.name.as_str()));
             let (code, source, key) =
-                self.generate(&k.name, &k.graph, params, "out".into(), &env, &tuned, &mut |m| {
+                self.generate(&k.name, &k.graph, params, &env, &tuned, &mut |m| {
                     warn(m, &mut report)
                 });
             all.push_str(&format!(
@@ -371,7 +369,6 @@ impl Builder {
         name: &str,
         graph: &Graph,
         params: Vec<String>,
-        output: String,
         env: &BuildEnv,
         tuned: &HashMap<String, TuneOutcome>,
         warn: &mut dyn FnMut(String),
@@ -436,7 +433,8 @@ impl Builder {
         let meta = KernelMeta {
             name: name.to_string(),
             params,
-            output,
+            // The generated `run`'s output parameter ([`param_names`] keeps inputs off it).
+            output: "out".into(),
         };
         let mut code = emit_module(graph, &variants, &meta);
         if code.len() > MAX_SOURCE_BYTES {
@@ -511,9 +509,9 @@ impl Builder {
         warn: &mut dyn FnMut(String),
     ) -> HashMap<String, TuneOutcome> {
         let Some(tuner) = find_tuner() else {
-            warn(format!(
-                "HARL_TUNE=on, but the tuner is not installed, so kernels use cached or default schedules; install it once with `cargo install cargo-harl` (or `--path` to harl's `cargo-harl/`), or name it with HARL_TUNER; then `cargo harl tune` also tunes outside a build"
-            ));
+            warn(
+                "HARL_TUNE=on, but the tuner is not installed, so kernels use cached or default schedules; install it once with `cargo install cargo-harl` (or `--path` to harl's `cargo-harl/`), or name it with HARL_TUNER; then `cargo harl tune` also tunes outside a build".into(),
+            );
             return HashMap::new();
         };
         let log = gen_dir.join("tune.log");
@@ -527,7 +525,8 @@ impl Builder {
             }
         };
         for o in &outcomes {
-            let latency = |l: Option<f64>| l.map_or("failed".into(), |l| format!("{:.4} ms", l * 1e3));
+            let latency =
+                |l: Option<f64>| l.map_or("failed".into(), |l| format!("{:.4} ms", l * 1e3));
             let mut line = format!(
                 "tuned `{}`: {} trials in {:.0} s, best {} (default schedule {})",
                 o.name,

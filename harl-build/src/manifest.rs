@@ -120,7 +120,9 @@ impl Manifest {
         }
         for k in &manifest.kernels {
             if k.name.is_empty() || k.name.len() > 1024 || k.name.chars().any(char::is_control) {
-                return Err(invalid("a kernel name is empty, too long or has control characters".into()));
+                return Err(invalid(
+                    "a kernel name is empty, too long or has control characters".into(),
+                ));
             }
             k.graph
                 .validate()

@@ -67,8 +67,14 @@ pub fn run_tuner(
         })
     };
     let pumps = [
-        child.stdout.take().map(|s| pump(Box::new(s), log_file.clone())),
-        child.stderr.take().map(|s| pump(Box::new(s), log_file.clone())),
+        child
+            .stdout
+            .take()
+            .map(|s| pump(Box::new(s), log_file.clone())),
+        child
+            .stderr
+            .take()
+            .map(|s| pump(Box::new(s), log_file.clone())),
     ];
     let status = child.wait().map_err(|e| e.to_string())?;
     for p in pumps.into_iter().flatten() {

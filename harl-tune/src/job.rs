@@ -9,11 +9,12 @@
 //! same logs.
 
 use crate::cost_model::XgbModel;
+use crate::measure::Measure;
 use crate::measure::{MeasureConfig, Measurer};
-use crate::search::{strategy_by_name, STRATEGY_NAMES};
-use crate::sketch::Task;
+use crate::space::cpu::Task;
+use crate::strategy::{strategy_by_name, STRATEGY_NAMES};
 use crate::task_scheduler::RoundRobin;
-use crate::tuner::{best_candidate, tune, Measure, TuneOptions};
+use crate::tuner::{best_candidate, tune, TuneOptions};
 use harl_build::cache::{LookupSource, Record, TuningCache};
 use harl_build::codegen::Variant;
 use harl_build::default_schedule::default_schedule;
@@ -130,12 +131,14 @@ pub fn has_exact_record(manifest: &Manifest, kernel: &ManifestKernel) -> bool {
             .map(|_| ())
             .map_err(|e| e.to_string())
     };
-    [&manifest.cache_dir, &manifest.local_cache].iter().any(|dir| {
-        TuningCache::new(dir)
-            .lookup(&kernel.workload_key, &manifest.target, valid)
-            .source
-            == LookupSource::Exact
-    })
+    [&manifest.cache_dir, &manifest.local_cache]
+        .iter()
+        .any(|dir| {
+            TuningCache::new(dir)
+                .lookup(&kernel.workload_key, &manifest.target, valid)
+                .source
+                == LookupSource::Exact
+        })
 }
 
 /// Tunes the selected kernels in turn. A kernel whose tune fails is an outcome with a note, not
@@ -316,7 +319,7 @@ fn tune_one(
 }
 
 /// Tunes a kernel's GPU schedule on this machine's GPU (device 0) when the cache has no record
-/// for exactly this device: [`crate::gpu_search`], the winner (never slower than the default GPU
+/// for exactly this device: [`crate::tuner::gpu`], the winner (never slower than the default GPU
 /// schedule, which is measured first) appended to `cuda-sm_XY.jsonl`. `None` when there is
 /// nothing to do (a record exists, or the kernel has no GPU schedule).
 #[cfg(feature = "cuda")]
@@ -325,8 +328,8 @@ fn tune_gpu(
     kernel: &ManifestKernel,
     options: &JobOptions,
 ) -> Option<TuneOutcome> {
-    use crate::gpu_measure::{GpuMeasureConfig, GpuMeasurer};
-    use crate::gpu_search::{search, GpuSearchOptions, GpuStrategy};
+    use crate::measure::gpu::{GpuMeasureConfig, GpuMeasurer};
+    use crate::tuner::gpu::{search, GpuSearchOptions, GpuStrategy};
     let graph = &kernel.graph;
     let sketch = harl_build::gpu_sketch::GpuSketch::new(graph)?;
     let mut outcome = TuneOutcome {
@@ -392,7 +395,9 @@ fn tune_gpu(_: &Manifest, kernel: &ManifestKernel, _: &JobOptions) -> Option<Tun
     Some(TuneOutcome {
         name: format!("{} (gpu)", kernel.name),
         workload_key: kernel.workload_key.clone(),
-        note: Some("not tuning its GPU schedule: this tuner was built without its `cuda` feature".into()),
+        note: Some(
+            "not tuning its GPU schedule: this tuner was built without its `cuda` feature".into(),
+        ),
         ..TuneOutcome::default()
     })
 }
@@ -526,7 +531,11 @@ impl Measure for TrialLog<'_> {
             .map(|s| serde_json::to_string(s).ok())
             .collect();
         let missing: Vec<usize> = (0..schedules.len())
-            .filter(|&i| keys[i].as_ref().is_none_or(|k| !self.replay.contains_key(k)))
+            .filter(|&i| {
+                keys[i]
+                    .as_ref()
+                    .is_none_or(|k| !self.replay.contains_key(k))
+            })
             .collect();
         let fresh: Vec<Schedule> = missing.iter().map(|&i| schedules[i].clone()).collect();
         let mut measured = if fresh.is_empty() {

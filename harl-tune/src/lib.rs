@@ -6,27 +6,25 @@
 //! `harl-build`) never builds XGBoost or burn: `cargo-harl` links this, build scripts call
 //! `cargo-harl`.
 //!
-//! Each concept is a module; strategies only see the space through [`sketch`] and the cost
-//! model through [`cost_model::CostModel`], so HARL's own search plugs in beside the baselines.
+//! One concept a module or folder: [`space`] (what schedules a task can take), [`task`] (a
+//! task's measured history), [`strategy`] (random, evolutionary, annealing, HARL), [`tuner`]
+//! (the loop), [`task_scheduler`] (which task next: round robin, gradient, SW-UCB),
+//! [`cost_model`] (XGBoost, random) over [`features`], [`measure`] (the `Measure` trait, CPU and
+//! GPU measurers) and [`job`]. Strategies see the space only through [`task::TaskState`] and the
+//! cost model through [`cost_model::CostModel`], so HARL's own search plugs in beside the
+//! baselines.
 
 #![warn(missing_docs)]
 
 pub mod bandit;
 pub mod cost_model;
 pub mod features;
-pub mod gpu_harl;
-#[cfg(feature = "cuda")]
-pub mod gpu_measure;
-pub mod gpu_search;
-pub mod harl;
 pub mod job;
 pub mod measure;
-pub mod ppo;
 /// The seeded generator (shared with the GPU sketch, which needs no tuning stack).
 pub use harl_build::rng;
-pub mod search;
-pub mod sketch;
-pub mod stopping;
+pub mod space;
+pub mod strategy;
+pub mod task;
 pub mod task_scheduler;
-pub mod track_start;
 pub mod tuner;

@@ -10,11 +10,11 @@ mod common;
 
 use harl_build::default_schedule::{default_schedule, CpuTarget};
 use harl_build::schedule::{Schedule, Step};
+use harl_te::ops::workloads as w;
+use harl_te::{DType, ReduceOp};
 use harl_tune::measure::{
     reference_data, Candidate, MeasureConfig, MeasureError, Measurer, TrialError,
 };
-use harl_te::ops::workloads as w;
-use harl_te::{DType, ReduceOp};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 

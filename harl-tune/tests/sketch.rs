@@ -10,10 +10,10 @@ use harl_build::default_schedule::{default_schedule, CpuTarget};
 use harl_build::loop_ir::{execute, LoopKind, Program, Stmt};
 use harl_build::lower::lower;
 use harl_build::schedule::Schedule;
-use harl_tune::rng::Rng;
-use harl_tune::sketch::{generate_sketches, Params, Sketch, Task, UNROLL_STEPS};
 use harl_te::ops::workloads as w;
 use harl_te::{interp, Graph};
+use harl_tune::rng::Rng;
+use harl_tune::space::cpu::{generate_sketches, Params, Sketch, Task, UNROLL_STEPS};
 use proptest::prelude::*;
 use std::sync::OnceLock;
 

@@ -2,13 +2,14 @@
 
 use harl_build::codegen::Variant;
 use harl_build::schedule::Schedule;
-use harl_tune::cost_model::XgbModel;
-use harl_tune::search::strategy_by_name;
-use harl_tune::sketch::Task;
-use harl_tune::task_scheduler::scheduler_by_name;
-use harl_tune::tuner::{tune, Measure, TuneOptions, TuneResult};
 use harl_te::ops::workloads;
 use harl_te::Graph;
+use harl_tune::cost_model::XgbModel;
+use harl_tune::measure::Measure;
+use harl_tune::space::cpu::Task;
+use harl_tune::strategy::strategy_by_name;
+use harl_tune::task_scheduler::scheduler_by_name;
+use harl_tune::tuner::{tune, TuneOptions, TuneResult};
 
 /// A deterministic stand-in for the measurer: latency from a hash of the schedule.
 struct FakeMeasurer;

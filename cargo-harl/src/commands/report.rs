@@ -203,10 +203,7 @@ fn plot(path: &Path, tunes: &[&Tune]) -> Result<(), String> {
         .take(64)
         .collect();
     let mut chart = ChartBuilder::on(&root)
-        .caption(
-            format!("{kernel}: best-so-far GFLOP/s"),
-            ("sans-serif", 20),
-        )
+        .caption(format!("{kernel}: best-so-far GFLOP/s"), ("sans-serif", 20))
         .margin(12)
         .x_label_area_size(36)
         .y_label_area_size(52)
@@ -231,7 +228,9 @@ fn plot(path: &Path, tunes: &[&Tune]) -> Result<(), String> {
             .draw_series(LineSeries::new(line, color.stroke_width(2)))
             .map_err(|e| err(&e))?
             .label(label)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+            });
         if let Some(d) = t.default_gflops {
             chart
                 .draw_series(DashedLineSeries::new(

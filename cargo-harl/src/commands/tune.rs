@@ -64,8 +64,14 @@ fn parse_shard(s: &str) -> Result<(usize, usize), String> {
     let (i, n) = s
         .split_once('/')
         .ok_or_else(|| format!("`{s}` is not I/N"))?;
-    let i: usize = i.trim().parse().map_err(|_| format!("`{s}`: I is not a number"))?;
-    let n: usize = n.trim().parse().map_err(|_| format!("`{s}`: N is not a number"))?;
+    let i: usize = i
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}`: I is not a number"))?;
+    let n: usize = n
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}`: N is not a number"))?;
     if n == 0 || i >= n {
         return Err(format!("`{s}`: need 0 <= I < N"));
     }

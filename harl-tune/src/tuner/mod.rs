@@ -1,26 +1,20 @@
 //! The tuning loop: the task scheduler picks a task, its strategy proposes a batch, the
 //! measurer times it, the cost model retrains on every record, until the trial or time budget
 //! is spent. Every decision draws from one seeded [`Rng`], so a seed and the same measurements
-//! give the same sequence of schedules.
+//! give the same sequence of schedules. [`gpu`] is the GPU's loop, not yet folded into this one.
 
-use harl_build::default_schedule::CpuTarget;
-use harl_build::schedule::Schedule;
+pub mod gpu;
+
 use crate::cost_model::CostModel;
-use harl_build::rng::Rng;
-use crate::search::{Candidate, SearchStrategy, TaskState};
-use crate::sketch::Task;
+use crate::measure::Measure;
+use crate::space::cpu::Task;
+use crate::strategy::{Candidate, SearchStrategy, TaskState};
 use crate::task_scheduler::{TaskScheduler, TaskView};
+use harl_build::default_schedule::CpuTarget;
+use harl_build::rng::Rng;
+use harl_build::schedule::Schedule;
 use harl_te::Graph;
 use std::time::{Duration, Instant};
-
-/// Something that times schedules of a graph: the out-of-process measurer, or a fake in tests.
-pub trait Measure {
-    /// Median latency of each schedule in seconds, or why its trial failed.
-    fn measure(&mut self, graph: &Graph, schedules: &[Schedule]) -> Vec<Result<f64, String>>;
-    /// The task's best latency so far, before each batch: a measurer may spend less time on
-    /// candidates that are clearly slower (the default ignores it).
-    fn set_best(&mut self, _best_s: Option<f64>) {}
-}
 
 /// Budget and knobs of a tuning run.
 #[derive(Clone, Debug)]
@@ -113,17 +107,7 @@ pub fn tune(
         if options.time_budget.is_some_and(|b| start.elapsed() >= b) {
             break;
         }
-        let views: Vec<TaskView> = states
-            .iter()
-            .zip(&histories)
-            .map(|(s, h)| TaskView {
-                weight: s.task.weight,
-                flops: s.flops,
-                history: h.clone(),
-                trials: s.trials.len(),
-                class: op_class(&s.task.graph),
-            })
-            .collect();
+        let views = task_views(&states, &histories);
         let ti = scheduler.next(&views, &mut rng).min(states.len() - 1);
         let batch = options.batch.min(options.trials - spent);
         let mut proposals = if options.seed_default && states[ti].trials.is_empty() {
@@ -144,6 +128,7 @@ pub fn tune(
         if proposals.is_empty() {
             // The task's space is exhausted (or empty); let the others go on.
             histories[ti].push(states[ti].best_latency());
+            scheduler.notify(ti, &task_views(&states, &histories));
             stalled_rounds += 1;
             if stalled_rounds > 2 * states.len() {
                 break;
@@ -168,6 +153,8 @@ pub fn tune(
             }
         }
         histories[ti].push(states[ti].best_latency());
+        strategy.notify(&states[ti]);
+        scheduler.notify(ti, &task_views(&states, &histories));
         let retraining = Instant::now();
         retrain(model, &states);
         phases.retrain_s += retraining.elapsed().as_secs_f64();
@@ -180,6 +167,21 @@ pub fn tune(
         wall_s: start.elapsed().as_secs_f64(),
         phases,
     }
+}
+
+/// What the task scheduler sees of every task.
+fn task_views(states: &[TaskState], histories: &[Vec<Option<f64>>]) -> Vec<TaskView> {
+    states
+        .iter()
+        .zip(histories)
+        .map(|(s, h)| TaskView {
+            weight: s.task.weight,
+            flops: s.flops,
+            history: h.clone(),
+            trials: s.trials.len(),
+            class: op_class(&s.task.graph),
+        })
+        .collect()
 }
 
 /// Up to `batch` of the task's default-like candidates.
@@ -240,25 +242,4 @@ pub fn best_candidate(state: &TaskState) -> Option<(&Candidate, f64)> {
     state
         .best()
         .and_then(|t| t.latency_s.map(|l| (&t.candidate, l)))
-}
-
-impl Measure for crate::measure::Measurer {
-    fn set_best(&mut self, best_s: Option<f64>) {
-        crate::measure::Measurer::set_best(self, best_s);
-    }
-    fn measure(&mut self, graph: &Graph, schedules: &[Schedule]) -> Vec<Result<f64, String>> {
-        let candidates: Vec<crate::measure::Candidate> = schedules
-            .iter()
-            .cloned()
-            .map(crate::measure::Candidate::Schedule)
-            .collect();
-        crate::measure::Measurer::measure(self, graph, &candidates)
-            .into_iter()
-            .map(|m| match (m.latency_s, m.error) {
-                (Some(l), None) => Ok(l),
-                (_, Some(e)) => Err(e.to_string()),
-                (None, None) => Err("no latency".into()),
-            })
-            .collect()
-    }
 }

@@ -48,12 +48,12 @@
 //!   with `rayon`;
 //! * results may differ in the last bits across CPUs (SIMD width, FMA) and compiler versions.
 
-use super::rng::Rng;
 use burn::module::{Module, Param};
 use burn::nn::Linear;
 use burn::optim::{AdamConfig, GradientsParams, ModuleOptimizer};
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Device, Tensor, TensorData};
+use harl_build::rng::Rng;
 
 /// PPO's hyper-parameters. [`Default`] gives the paper's values (section 6.2) with GAE(λ = 0.95),
 /// clip 0.2, 4 epochs per update and 64 hidden units.

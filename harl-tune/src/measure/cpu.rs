@@ -37,9 +37,9 @@
 
 use harl_build::codegen::{emit_module, KernelMeta, Variant, VariantProgram};
 use harl_build::lower::lower;
+use harl_build::rng::Rng;
 use harl_build::schedule::Schedule;
 use harl_build::target::TargetFingerprint;
-use harl_build::rng::Rng;
 use harl_te::{interp, DType, Graph, ReduceOp};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;

@@ -9,14 +9,14 @@
 //! seed; the measurement is a closure, so the same loop runs on a device (the GPU measurer) and
 //! in tests (a synthetic latency).
 
+use crate::cost_model::{CostModel, XgbModel};
+use crate::features;
+use crate::strategy::harl::gpu::GpuHarl;
+use crate::strategy::harl::HarlConfig;
 use harl_build::gpu_sketch::{GpuParams, GpuSketch};
 use harl_build::lower::lower;
 use harl_build::rng::Rng;
 use harl_build::schedule::Schedule;
-use crate::cost_model::{CostModel, XgbModel};
-use crate::features;
-use crate::gpu_harl::GpuHarl;
-use crate::harl::HarlConfig;
 use std::collections::HashSet;
 use std::time::Instant;
 
@@ -31,7 +31,7 @@ pub enum GpuStrategy {
     /// Samples and mutations of the best, ranked by the cost model (the module docs).
     #[default]
     Sampling,
-    /// HARL's parameter agent ([`crate::gpu_harl`]): PPO-driven tile moves along
+    /// HARL's parameter agent ([`crate::strategy::harl::gpu`]): PPO-driven tile moves along
     /// schedule tracks, adaptive stopping, the top visited by predicted score measured.
     Harl,
 }

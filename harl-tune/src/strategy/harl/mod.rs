@@ -14,18 +14,23 @@
 //! schedules rather than random fillings (without them HARL lost to Ansor's evolutionary search,
 //! which keeps its best in the population, on conv1d at 200 trials); with `adaptive_start`
 //! (strategy `harl-adaptive`) the measured gains of each start set that share
-//! ([`crate::track_start`]). XGBoost rank scores can be zero or negative, so the relative change is
+//! ([`crate::strategy::harl::track_start`]). XGBoost rank scores can be zero or negative, so the relative change is
 //! taken against `max(|C(s)|, σ)` with σ the spread of the episode's initial scores, and clipped
 //! to [-1, 1].
 
+pub mod gpu;
+pub mod ppo;
+pub mod stopping;
+pub mod track_start;
+
 use crate::bandit::{Aggregate, SlidingWindowUcb};
 use crate::cost_model::CostModel;
-use crate::ppo::{ActionSpace, Agent, PpoConfig, Transition};
+use crate::space::cpu::{Params, Sketch};
+use crate::strategy::harl::ppo::{ActionSpace, Agent, PpoConfig, Transition};
+use crate::strategy::harl::stopping::AdaptiveStopping;
+use crate::strategy::harl::track_start::{Origin, TrackStartCredit};
+use crate::strategy::{epsilon_greedy, Candidate, SearchStrategy, TaskState};
 use harl_build::rng::Rng;
-use crate::search::{epsilon_greedy, Candidate, SearchStrategy, TaskState};
-use crate::sketch::{Params, Sketch};
-use crate::stopping::AdaptiveStopping;
-use crate::track_start::{Origin, TrackStartCredit};
 use std::collections::{HashMap, HashSet};
 
 /// HARL's parameters (defaults: the paper's section 6.2 where it gives them).
@@ -41,7 +46,7 @@ pub struct HarlConfig {
     /// (the rest start from random fillings).
     pub elite_fraction: f64,
     /// Let the measured gains of each track start set the elite share, starting from
-    /// `elite_fraction` ([`crate::track_start`]); off by default (not yet shown to win).
+    /// `elite_fraction` ([`crate::strategy::harl::track_start`]); off by default (not yet shown to win).
     pub adaptive_start: bool,
     /// Adaptive stopping window (λ).
     pub stop_window: usize,
@@ -312,9 +317,46 @@ pub(crate) fn trajectories<T: HasTransitions>(
         .collect()
 }
 
+impl Harl {
+    /// The task's memory (its sketch bandit, agents, credit), made on first use.
+    fn memory(&mut self, state: &TaskState) -> &mut TaskMemory {
+        let cfg = &self.config;
+        self.tasks
+            .entry(state.task.graph.workload_key())
+            .or_insert_with(|| TaskMemory {
+                bandit: SlidingWindowUcb::new(
+                    state.sketches.len(),
+                    cfg.sketch_window,
+                    cfg.sketch_c,
+                    Aggregate::Mean,
+                ),
+                agents: HashMap::new(),
+                fed: 0,
+                origins: HashMap::new(),
+                credit: TrackStartCredit::new(cfg.sketch_window, 8, (0.125, 0.75)),
+                credited: 0,
+                credited_best: f64::INFINITY,
+            })
+    }
+}
+
 impl SearchStrategy for Harl {
     fn name(&self) -> &'static str {
         "harl"
+    }
+
+    /// The sketch bandit's rewards and, with `adaptive_start`, the track starts' credit, from
+    /// the trials measured since the last call.
+    fn notify(&mut self, state: &TaskState) {
+        if state.sketches.is_empty() {
+            return;
+        }
+        let adaptive = self.config.adaptive_start;
+        let mem = self.memory(state);
+        feed_bandit(mem, state);
+        if adaptive {
+            credit_starts(mem, state);
+        }
     }
 
     fn propose(
@@ -328,24 +370,8 @@ impl SearchStrategy for Harl {
             return Vec::new();
         }
         let cfg = self.config.clone();
-        let key = state.task.graph.workload_key();
-        let mem = self.tasks.entry(key).or_insert_with(|| TaskMemory {
-            bandit: SlidingWindowUcb::new(
-                state.sketches.len(),
-                cfg.sketch_window,
-                cfg.sketch_c,
-                Aggregate::Mean,
-            ),
-            agents: HashMap::new(),
-            fed: 0,
-            origins: HashMap::new(),
-            credit: TrackStartCredit::new(cfg.sketch_window, 8, (0.125, 0.75)),
-            credited: 0,
-            credited_best: f64::INFINITY,
-        });
-        feed_bandit(mem, state);
+        let mem = self.memory(state);
         let elite_share = if cfg.adaptive_start {
-            credit_starts(mem, state);
             mem.credit.elite_share(cfg.elite_fraction)
         } else {
             cfg.elite_fraction

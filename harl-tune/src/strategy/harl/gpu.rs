@@ -10,16 +10,16 @@
 //! so no task bandit either (the CPU search's [`crate::task_scheduler`] does that level).
 //! The agent keeps its weights across rounds of one search.
 
+use crate::cost_model::CostModel;
+use crate::features;
+use crate::strategy::harl::ppo::{ActionSpace, Agent, PpoConfig, Transition};
+use crate::strategy::harl::stopping::AdaptiveStopping;
+use crate::strategy::harl::{
+    record_step, relative_reward, spread, trajectories, HarlConfig, HasTransitions,
+};
 use harl_build::gpu_sketch::{GpuParams, GpuSketch};
 use harl_build::lower::lower;
 use harl_build::rng::Rng;
-use crate::cost_model::CostModel;
-use crate::features;
-use crate::harl::{
-    record_step, relative_reward, spread, trajectories, HarlConfig, HasTransitions,
-};
-use crate::ppo::{ActionSpace, Agent, PpoConfig, Transition};
-use crate::stopping::AdaptiveStopping;
 use std::collections::HashSet;
 
 /// One tunable axis: (tiled stage, axis), spatial or reduce.

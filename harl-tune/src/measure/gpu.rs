@@ -8,12 +8,12 @@
 //! should one corrupt the context, every later trial of the batch fails with the driver's
 //! error (sticky CUDA errors need a new process), which the tuner records, not a crash.
 
+use crate::measure::Measure;
+use crate::measure::{reference_data, ReferenceData};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 use harl_build::cuda;
 use harl_build::lower::lower;
 use harl_build::schedule::Schedule;
-use crate::measure::{reference_data, ReferenceData};
-use crate::tuner::Measure;
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 use harl_te::{DType, Graph};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

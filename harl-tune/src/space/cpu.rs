@@ -40,11 +40,11 @@
 //! moves and mutations never return such a no-op). The knobs only choose among legal structures:
 //! a [`Params`] that [`Sketch::to_schedule`] accepts always lowers.
 
+use crate::features::eval_int;
 use harl_build::default_schedule::{guarded_axes, plan_tiles, CpuTarget};
 use harl_build::lower::{lower, ScheduleError, MAX_ACC_ELEMS, MAX_UNROLL};
-use harl_build::schedule::{Schedule, Step};
-use crate::features::eval_int;
 use harl_build::rng::Rng;
+use harl_build::schedule::{Schedule, Step};
 use harl_te::{DType, Expr, Graph, TensorRef};
 use serde::{Deserialize, Serialize};
 

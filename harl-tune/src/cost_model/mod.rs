@@ -12,11 +12,15 @@
 //!
 //! [`pairwise_accuracy`] and [`top_k_recall`] measure how well a model ranks.
 
-use super::rng::Rng;
+mod random;
+mod xgb;
+
+pub use random::RandomModel;
+pub use xgb::{XgbModel, XgbParams};
+
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use xgboost_rs::{Booster, DMatrix};
 
 /// Why a cost model could not train or predict.
 #[derive(Debug, thiserror::Error)]
@@ -117,271 +121,6 @@ fn check_rows(features: &[Vec<f32>], expected: usize) -> Result<(), CostModelErr
             expected,
         }),
         None => Ok(()),
-    }
-}
-
-/// The baseline: a uniform pseudo-random score in `[0, 1)` per row, a pure function of the
-/// seed and the row's features (so predictions are reproducible and training does nothing).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RandomModel {
-    /// Seed of the scores.
-    pub seed: u64,
-}
-
-impl RandomModel {
-    /// A random model with this seed.
-    pub fn new(seed: u64) -> Self {
-        RandomModel { seed }
-    }
-
-    fn score(&self, row: &[f32]) -> f64 {
-        // FNV-1a over the feature bits, then SplitMix.
-        let mut h = 0xcbf2_9ce4_8422_2325u64;
-        for x in row {
-            for b in x.to_bits().to_le_bytes() {
-                h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
-            }
-        }
-        Rng::new(self.seed ^ h).unit()
-    }
-}
-
-impl CostModel for RandomModel {
-    fn name(&self) -> &str {
-        "random"
-    }
-
-    fn train(
-        &mut self,
-        features: &[Vec<f32>],
-        throughput: &[f64],
-        groups: &[usize],
-    ) -> Result<(), CostModelError> {
-        check_training_set(features, throughput, groups).map(|_| ())
-    }
-
-    fn predict(&self, features: &[Vec<f32>]) -> Result<Vec<f64>, CostModelError> {
-        Ok(features.iter().map(|r| self.score(r)).collect())
-    }
-}
-
-/// Settings of [`XgbModel`]. The defaults follow Ansor's XGBoost settings (depth 10, eta 0.2,
-/// gamma 0.001, min child weight 0) with a fixed number of rounds instead of early stopping.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct XgbParams {
-    /// Boosting rounds (trees) per training.
-    pub rounds: u32,
-    /// Maximum tree depth.
-    pub max_depth: u32,
-    /// Learning rate.
-    pub eta: f64,
-    /// Minimum loss reduction to split.
-    pub gamma: f64,
-    /// Minimum hessian sum in a child.
-    pub min_child_weight: f64,
-    /// L2 regularisation of leaf weights.
-    pub lambda: f64,
-    /// XGBoost's `tree_method`: `exact` (default here) or `hist`.
-    pub tree_method: String,
-    /// XGBoost's seed.
-    pub seed: u64,
-    /// Threads XGBoost may use (1 gives steady, reproducible timings).
-    pub nthread: u32,
-    /// Below this many training rows the model is not fitted and predicts like a
-    /// [`RandomModel`] with the same seed (Ansor's warm-up; 0 fits from the first row).
-    pub warmup_rows: usize,
-}
-
-impl Default for XgbParams {
-    fn default() -> Self {
-        XgbParams {
-            rounds: 60,
-            max_depth: 10,
-            eta: 0.2,
-            gamma: 0.001,
-            min_child_weight: 0.0,
-            lambda: 1.0,
-            tree_method: "exact".into(),
-            seed: 43,
-            nthread: 1,
-            warmup_rows: 64,
-        }
-    }
-}
-
-/// Gradient-boosted trees ranking schedules within each task (XGBoost `rank:pairwise`).
-///
-/// Each [`CostModel::train`] call fits a new booster on all the rows it is given (rows are
-/// grouped by task for the ranking objective). Training and prediction are deterministic for
-/// given parameters and rows. Features are passed to XGBoost with NaN as the missing value, so
-/// an exact 0.0 is an ordinary value (the `xgboost-rs` dense constructor would read it as
-/// missing).
-pub struct XgbModel {
-    params: XgbParams,
-    booster: Option<Booster>,
-    n_features: usize,
-    fallback: RandomModel,
-}
-
-impl std::fmt::Debug for XgbModel {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("XgbModel")
-            .field("params", &self.params)
-            .field("trained", &self.booster.is_some())
-            .field("n_features", &self.n_features)
-            .finish()
-    }
-}
-
-impl XgbModel {
-    /// An untrained model with these settings.
-    pub fn new(params: XgbParams) -> Self {
-        let fallback = RandomModel::new(params.seed);
-        XgbModel {
-            params,
-            booster: None,
-            n_features: 0,
-            fallback,
-        }
-    }
-
-    /// An untrained model with the default settings and this seed.
-    pub fn with_seed(seed: u64) -> Self {
-        XgbModel::new(XgbParams {
-            seed,
-            ..XgbParams::default()
-        })
-    }
-
-    /// The settings.
-    pub fn params(&self) -> &XgbParams {
-        &self.params
-    }
-
-    /// Whether a booster has been fitted (otherwise predictions are random).
-    pub fn is_trained(&self) -> bool {
-        self.booster.is_some()
-    }
-
-    /// XGBoost's view of the booster's configuration (JSON), if trained.
-    pub fn config_json(&self) -> Option<String> {
-        self.booster.as_ref().map(Booster::save_config)
-    }
-
-    fn booster_config(&self) -> HashMap<String, String> {
-        let p = &self.params;
-        [
-            ("objective", "rank:pairwise".to_string()),
-            ("eta", p.eta.to_string()),
-            ("max_depth", p.max_depth.to_string()),
-            ("gamma", p.gamma.to_string()),
-            ("min_child_weight", p.min_child_weight.to_string()),
-            ("lambda", p.lambda.to_string()),
-            ("tree_method", p.tree_method.clone()),
-            ("seed", p.seed.to_string()),
-            ("nthread", p.nthread.max(1).to_string()),
-            ("verbosity", "0".to_string()),
-            ("disable_default_eval_metric", "1".to_string()),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect()
-    }
-}
-
-/// A dense row-major matrix with NaN (not 0.0) as XGBoost's missing value.
-fn dmatrix(rows: &[&[f32]], n_features: usize, nthread: u32) -> Result<DMatrix, CostModelError> {
-    let mut data = Vec::with_capacity(rows.len() * n_features);
-    for r in rows {
-        data.extend_from_slice(r);
-    }
-    let elem = std::mem::size_of::<f32>();
-    Ok(DMatrix::from_col_major_f32(
-        &data,
-        n_features * elem,
-        elem,
-        rows.len(),
-        n_features,
-        nthread.max(1) as i32,
-        f32::NAN,
-    )?)
-}
-
-impl CostModel for XgbModel {
-    fn name(&self) -> &str {
-        "xgboost"
-    }
-
-    fn train(
-        &mut self,
-        features: &[Vec<f32>],
-        throughput: &[f64],
-        groups: &[usize],
-    ) -> Result<(), CostModelError> {
-        let n_features = check_training_set(features, throughput, groups)?;
-        if features.is_empty() || n_features == 0 || features.len() < self.params.warmup_rows {
-            self.booster = None;
-            return Ok(());
-        }
-        // XGBoost wants each group's rows contiguous; a stable sort keeps the given order within.
-        let mut order: Vec<usize> = (0..features.len()).collect();
-        order.sort_by_key(|&i| groups[i]);
-        // Labels: throughput over the task's best (only the order within a task matters; this
-        // keeps values in f32 range).
-        let mut scale: HashMap<usize, f64> = HashMap::new();
-        for (&g, &t) in groups.iter().zip(throughput) {
-            let s = scale.entry(g).or_insert(0.0);
-            *s = s.max(t.abs());
-        }
-        let labels: Vec<f32> = order
-            .iter()
-            .map(|&i| {
-                let s = scale.get(&groups[i]).copied().unwrap_or(1.0);
-                (if s > 0.0 { throughput[i] / s } else { 0.0 }) as f32
-            })
-            .collect();
-        let mut sizes: Vec<u32> = Vec::new();
-        for (k, &i) in order.iter().enumerate() {
-            if k == 0 || groups[i] != groups[order[k - 1]] {
-                sizes.push(0);
-            }
-            if let Some(last) = sizes.last_mut() {
-                *last += 1;
-            }
-        }
-        let rows: Vec<&[f32]> = order.iter().map(|&i| features[i].as_slice()).collect();
-        let mut dtrain = dmatrix(&rows, n_features, self.params.nthread)?;
-        dtrain.set_labels(&labels)?;
-        dtrain.set_group(&sizes)?;
-        // Booster::train would build a fixed 16 trees; one update per round instead.
-        let mut booster = Booster::new_with_json_config(&[&dtrain], self.booster_config())?;
-        for round in 0..self.params.rounds {
-            booster.update(&dtrain, round as i32)?;
-        }
-        self.booster = Some(booster);
-        self.n_features = n_features;
-        Ok(())
-    }
-
-    fn predict(&self, features: &[Vec<f32>]) -> Result<Vec<f64>, CostModelError> {
-        let Some(booster) = &self.booster else {
-            return self.fallback.predict(features);
-        };
-        check_rows(features, self.n_features)?;
-        if features.is_empty() {
-            return Ok(vec![]);
-        }
-        let rows: Vec<&[f32]> = features.iter().map(Vec::as_slice).collect();
-        let dtest = dmatrix(&rows, self.n_features, self.params.nthread)?;
-        let out = booster.predict(&dtest)?;
-        if out.len() != features.len() {
-            return Err(CostModelError::Xgboost(format!(
-                "{} predictions for {} rows",
-                out.len(),
-                features.len()
-            )));
-        }
-        Ok(out.into_iter().map(f64::from).collect())
     }
 }
 
@@ -525,6 +264,7 @@ pub fn training_set(records: &[Record]) -> (Vec<Vec<f32>>, Vec<f64>, Vec<usize>)
 #[cfg(test)]
 mod tests {
     use super::*;
+    use harl_build::rng::Rng;
 
     /// A synthetic task set: `n` rows of `dims` features (some exactly 0), 4 tasks, throughput a
     /// monotone function of a few features plus a per-task scale.

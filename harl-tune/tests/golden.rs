@@ -1,0 +1,121 @@
+//! The search's decisions are pinned: for every strategy and task scheduler, two tasks, a fixed
+//! seed and a deterministic fake measurer, the digest of every measured schedule and of the
+//! allocation equals the one recorded before the tuning wing was reorganised (one concept a
+//! folder, results fed back through `notify`). A change that moves a search decision, on
+//! purpose or not, fails here; when it is on purpose, record the new digests (the test prints
+//! them) and say why in the commit.
+
+use harl_build::codegen::Variant;
+use harl_build::schedule::Schedule;
+use harl_te::ops::workloads;
+use harl_te::Graph;
+use harl_tune::cost_model::XgbModel;
+use harl_tune::measure::Measure;
+use harl_tune::space::cpu::Task;
+use harl_tune::strategy::strategy_by_name;
+use harl_tune::task_scheduler::scheduler_by_name;
+use harl_tune::tuner::{tune, TuneOptions};
+
+struct Fake;
+
+fn fnv(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+impl Measure for Fake {
+    fn measure(&mut self, _: &Graph, schedules: &[Schedule]) -> Vec<Result<f64, String>> {
+        schedules
+            .iter()
+            .map(|s| {
+                let h = fnv(&format!("{:?}", s.steps));
+                if h.is_multiple_of(17) {
+                    Err("fails".into())
+                } else {
+                    Ok(1e-3 * (1.0 + (h % 1000) as f64 / 1000.0))
+                }
+            })
+            .collect()
+    }
+}
+
+fn digest(strategy: &str, scheduler: &str) -> u64 {
+    let tasks = vec![
+        Task {
+            name: "mm".into(),
+            graph: workloads::matmul(64, 48, 32).expect("matmul"),
+            weight: 2.0,
+        },
+        Task {
+            name: "dense".into(),
+            graph: workloads::dense_bias_relu(16, 64, 40).expect("dense"),
+            weight: 1.0,
+        },
+    ];
+    let target = Variant::Avx512.cpu_target("x86_64", 2);
+    let mut s = strategy_by_name(strategy, 7).expect("strategy");
+    let mut ts = scheduler_by_name(scheduler).expect("scheduler");
+    let mut model = XgbModel::with_seed(7);
+    let options = TuneOptions {
+        trials: 48,
+        batch: 8,
+        time_budget: None,
+        seed: 7,
+        seed_default: true,
+    };
+    let r = tune(
+        tasks,
+        &target,
+        &options,
+        s.as_mut(),
+        ts.as_mut(),
+        &mut model,
+        &mut Fake,
+    );
+    let mut text = format!("{:?}\n", r.allocation);
+    for t in &r.tasks {
+        for trial in &t.trials {
+            text.push_str(&format!(
+                "{:?} {:?}\n",
+                trial.candidate.schedule.steps, trial.latency_s
+            ));
+        }
+    }
+    fnv(&text)
+}
+
+#[test]
+fn search_decisions_are_those_recorded_before_the_reorganisation() {
+    let mut got = Vec::new();
+    for strategy in ["harl", "harl-adaptive", "ansor", "autotvm", "random"] {
+        for scheduler in ["harl", "gradient", "round-robin"] {
+            got.push((strategy, scheduler, digest(strategy, scheduler)));
+        }
+    }
+    for (s, t, d) in &got {
+        println!("(\"{s}\", \"{t}\", 0x{d:016x}),");
+    }
+    let want: &[(&str, &str, u64)] = &[
+        ("harl", "harl", 0x1e1d4112be294f64),
+        ("harl", "gradient", 0x792f27994353a948),
+        ("harl", "round-robin", 0x3a202038ecf22713),
+        ("harl-adaptive", "harl", 0x1e1d4112be294f64),
+        ("harl-adaptive", "gradient", 0x792f27994353a948),
+        ("harl-adaptive", "round-robin", 0x3a202038ecf22713),
+        ("ansor", "harl", 0xa019d7b14b05d95e),
+        ("ansor", "gradient", 0xc224334b3ec4c7d9),
+        ("ansor", "round-robin", 0x586603edb7d50886),
+        ("autotvm", "harl", 0xdbbb3d683eef5e9b),
+        ("autotvm", "gradient", 0x2c6188e24e51505f),
+        ("autotvm", "round-robin", 0x3c2315f3f07e3574),
+        ("random", "harl", 0xfbd9d86fcdfd661f),
+        ("random", "gradient", 0x6fa6b90c70992374),
+        ("random", "round-robin", 0x9f2de3afec9350c6),
+    ];
+    assert_eq!(got.len(), want.len(), "digests not recorded yet");
+    for ((s, t, d), (ws, wt, wd)) in got.iter().zip(want) {
+        assert_eq!((s, t), (ws, wt));
+        assert_eq!(d, wd, "{s} with the {t} scheduler decides differently");
+    }
+}
