@@ -13,6 +13,7 @@ use crate::codegen::{emit_module, KernelMeta, Variant, VariantProgram};
 use crate::default_schedule::default_schedule;
 use crate::directive::{escape, Directives};
 use crate::limits::MAX_SOURCE_BYTES;
+use crate::loop_ir::Program;
 use crate::lower::lower;
 use crate::manifest::{Manifest, ManifestKernel, TuneOutcome, MANIFEST_FILE, MANIFEST_VERSION};
 use crate::scan;
@@ -392,8 +393,13 @@ impl Builder {
             };
             let cpu = variant.cpu_target(&arch, env.threads);
             let mut picked = self.pick_schedule(name, graph, &key, &fingerprint, env, warn);
-            if let (Some((_, source @ ScheduleSource::CacheExact { .. })), Some(t)) =
-                (picked.as_mut(), tuned.get(name))
+            if let (
+                Some(Picked {
+                    source: source @ ScheduleSource::CacheExact { .. },
+                    ..
+                }),
+                Some(t),
+            ) = (picked.as_mut(), tuned.get(name))
             {
                 if class == env.target.isa_class && t.trials > 0 {
                     *source = ScheduleSource::Tuned {
@@ -402,9 +408,14 @@ impl Builder {
                     };
                 }
             }
-            let (schedule, source) =
-                picked.unwrap_or_else(|| (default_schedule(graph, &cpu), ScheduleSource::Default));
-            let program = match lower(graph, &schedule) {
+            let (lowered, source) = match picked {
+                Some(p) => (Ok(p.program), p.source),
+                None => (
+                    lower(graph, &default_schedule(graph, &cpu)),
+                    ScheduleSource::Default,
+                ),
+            };
+            let program = match lowered {
                 Ok(p) => p,
                 Err(e) => {
                     // The default heuristic should always lower; if it does not, stay correct.
@@ -495,7 +506,10 @@ impl Builder {
                 let key = graph.workload_key();
                 !matches!(
                     self.pick_schedule(name, graph, &key, &env.target, env, &mut |_| {}),
-                    Some((_, ScheduleSource::CacheExact { .. }))
+                    Some(Picked {
+                        source: ScheduleSource::CacheExact { .. },
+                        ..
+                    })
                 )
             })
     }
@@ -561,16 +575,16 @@ impl Builder {
         fingerprint: &TargetFingerprint,
         env: &BuildEnv,
         warn: &mut dyn FnMut(String),
-    ) -> Option<(Schedule, ScheduleSource)> {
+    ) -> Option<Picked> {
         if env.mode == TuneMode::Off {
             return None;
         }
-        let valid = |r: &Record| {
-            lower(graph, &r.schedule)
-                .map(|_| ())
-                .map_err(|e| e.to_string())
-        };
-        let mut lookup = TuningCache::new(&env.cache_dir).lookup(key, fingerprint, valid);
+        // Validating a record is lowering it: the program of the record a lookup accepts (its
+        // last successful validation, since a lookup stops there) is kept, not lowered again.
+        let (shared, local_kept) = Default::default();
+        let mut lookup =
+            TuningCache::new(&env.cache_dir).lookup(key, fingerprint, keep_program(graph, &shared));
+        let mut program = shared.into_inner();
         for w in std::mem::take(&mut lookup.warnings) {
             warn(format!(
                 "kernel `{name}`: ignoring a tuning record ({w}); using the next best"
@@ -578,9 +592,14 @@ impl Builder {
         }
         if lookup.source != LookupSource::Exact && env.mode == TuneMode::On {
             // What an earlier build tuned but could not record in a read-only cache.
-            let local = TuningCache::new(&env.local_cache).lookup(key, fingerprint, valid);
+            let local = TuningCache::new(&env.local_cache).lookup(
+                key,
+                fingerprint,
+                keep_program(graph, &local_kept),
+            );
             if local.source == LookupSource::Exact {
                 lookup = local;
+                program = local_kept.into_inner();
             }
         }
         let r = lookup.record?;
@@ -592,8 +611,29 @@ impl Builder {
                 latency_s: r.latency_s,
             },
         };
-        Some((r.schedule, source))
+        Some(Picked {
+            source,
+            program: program?,
+        })
     }
+}
+
+/// A record validator that lowers the record's schedule and keeps the program.
+fn keep_program<'a>(
+    graph: &'a Graph,
+    kept: &'a std::cell::RefCell<Option<Program>>,
+) -> impl Fn(&Record) -> Result<(), String> + 'a {
+    move |r| {
+        let program = lower(graph, &r.schedule).map_err(|e| e.to_string())?;
+        *kept.borrow_mut() = Some(program);
+        Ok(())
+    }
+}
+
+/// A schedule taken from the cache, with its program (lowered once, when it was validated).
+struct Picked {
+    source: ScheduleSource,
+    program: Program,
 }
 
 /// What the environment says about this build.
