@@ -139,3 +139,35 @@ fn a_read_only_cache_is_tuned_once_and_remembered_in_out_dir() {
         let _ = std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o755));
     }
 }
+
+/// `HARL_TUNE=on` with GPU code on a machine without a GPU: the build succeeds, says why the
+/// GPU schedule was not tuned (the tool's note), and ships the default GPU program.
+#[test]
+fn gpu_tuning_without_a_gpu_is_a_warning() {
+    tuning_env();
+    #[cfg(feature = "cuda")]
+    if harl_tune::measure::gpu::GpuMeasurer::new(Default::default()).is_ok() {
+        eprintln!("skipped: this machine has a GPU, so its GPU schedule is tuned");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("out");
+    let r = Builder::new()
+        .quiet()
+        .cuda(true)
+        .tune(TuneMode::On)
+        .cache_dir(dir.path().join("cache"))
+        .out_dir(&out)
+        .kernel("mm", workloads::matmul(16, 8, 32).expect("matmul"))
+        .try_compile()
+        .expect("build step succeeds");
+    assert!(
+        r.warnings
+            .iter()
+            .any(|w| w.contains("not tuning its GPU schedule")),
+        "{:?}",
+        r.warnings
+    );
+    let code = std::fs::read_to_string(out.join("harl/kernels.rs")).expect("generated");
+    assert!(code.contains("pub static GPU: ::harl::gpu::GpuKernel"));
+}

@@ -13,9 +13,10 @@
 //! over its winners (`--retime R` rounds, default 5, 0 for none), which writes
 //! `DIR/retime.json`.
 
+use crate::harness::phases_json;
+use crate::harness::{run_tasks, RunSpec};
 use crate::stats::median;
 use crate::suite;
-use crate::tune::{run_tasks, RunSpec};
 use crate::Error;
 use harl_build::target::TargetFingerprint;
 use harl_tune::space::cpu::Task;
@@ -24,29 +25,41 @@ use serde_json::{json, Value};
 use std::path::PathBuf;
 
 /// Options of `compare`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, clap::Args)]
+#[command(group(clap::ArgGroup::new("what").required(true).args(["workload", "network"])))]
 pub struct Options {
     /// Suite name or spec (a workload run).
+    #[arg(long)]
     pub workload: Option<String>,
     /// `bert` (a network run).
+    #[arg(long)]
     pub network: Option<String>,
     /// Strategies of a workload run.
+    #[arg(long, value_delimiter = ',', default_value = "harl,ansor,random")]
     pub strategies: Vec<String>,
     /// Task schedulers of a network run.
+    #[arg(long, value_delimiter = ',', default_value = "harl,gradient")]
     pub schedulers: Vec<String>,
     /// Trials per run.
+    #[arg(long, default_value_t = 200, value_parser = crate::harness::positive)]
     pub trials: usize,
     /// Seeds.
+    #[arg(long, value_delimiter = ',', default_value = "0,1,2")]
     pub seeds: Vec<u64>,
     /// Threads.
+    #[arg(long, default_value_t = 1, value_parser = crate::harness::positive)]
     pub threads: usize,
     /// Candidates per round.
+    #[arg(long, default_value_t = 16, value_parser = crate::harness::positive)]
     pub batch: usize,
     /// Output directory.
+    #[arg(long, default_value = "compare-out")]
     pub out: PathBuf,
     /// Measure the default-like schedules first (off with `--no-default-seed`).
+    #[arg(long = "no-default-seed", action = clap::ArgAction::SetFalse)]
     pub seed_default: bool,
     /// Rounds of `compare-retime` run over the winners once the runs are done (0: none).
+    #[arg(long = "retime", default_value_t = 5)]
     pub retime_rounds: usize,
 }
 
@@ -65,62 +78,6 @@ impl Options {
     }
 }
 
-/// Parses the options of `compare`.
-pub fn parse(args: &[String]) -> Result<Options, Error> {
-    let mut o = Options {
-        workload: None,
-        network: None,
-        strategies: vec!["harl".into(), "ansor".into(), "random".into()],
-        schedulers: vec!["harl".into(), "gradient".into()],
-        trials: 200,
-        seeds: vec![0, 1, 2],
-        threads: 1,
-        batch: 16,
-        out: PathBuf::from("compare-out"),
-        seed_default: true,
-        retime_rounds: 5,
-    };
-    let mut it = args.iter();
-    let list = |v: &str| {
-        v.split(',')
-            .filter(|s| !s.is_empty())
-            .map(String::from)
-            .collect::<Vec<_>>()
-    };
-    while let Some(flag) = it.next() {
-        if flag == "--no-default-seed" {
-            o.seed_default = false;
-            continue;
-        }
-        let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
-        match flag.as_str() {
-            "--workload" => o.workload = Some(value.clone()),
-            "--network" => o.network = Some(value.clone()),
-            "--strategies" => o.strategies = list(value),
-            "--schedulers" => o.schedulers = list(value),
-            "--trials" => o.trials = value.parse()?,
-            "--seeds" => {
-                o.seeds = list(value)
-                    .iter()
-                    .map(|s| s.parse())
-                    .collect::<Result<_, _>>()?
-            }
-            "--threads" => o.threads = value.parse()?,
-            "--batch" => o.batch = value.parse()?,
-            "--out" => o.out = value.into(),
-            "--retime" => o.retime_rounds = value.parse()?,
-            other => return Err(format!("compare: unknown argument `{other}`").into()),
-        }
-    }
-    if o.workload.is_none() == o.network.is_none() {
-        return Err("compare needs one of --workload W or --network bert".into());
-    }
-    if o.seeds.is_empty() || o.strategies.is_empty() || o.trials == 0 {
-        return Err("compare needs seeds, strategies and a positive --trials".into());
-    }
-    Ok(o)
-}
-
 /// Runs a comparison.
 pub fn run(o: &Options) -> Result<(), Error> {
     std::fs::create_dir_all(&o.out)?;
@@ -134,11 +91,6 @@ pub fn run(o: &Options) -> Result<(), Error> {
 
 /// One run's best-so-far curve: (trial, best latency, elapsed seconds).
 type Curve = Vec<(usize, f64, f64)>;
-
-/// A run's seconds per phase, as JSON.
-pub fn phases_json(p: &PhaseTimes) -> Value {
-    json!({ "propose": p.propose_s, "measure": p.measure_s, "retrain": p.retrain_s })
-}
 
 fn curve(r: &TuneResult) -> Curve {
     r.curve

@@ -22,59 +22,37 @@ use serde_json::json;
 use std::path::PathBuf;
 
 /// Options of `gpu`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct Options {
     /// Suite name or spec.
+    #[arg(long)]
     pub workload: String,
     /// Trial budget.
+    #[arg(long, default_value_t = 200, value_parser = crate::harness::positive)]
     pub trials: usize,
     /// Seed.
+    #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Candidates per round.
+    #[arg(long, default_value_t = 32, value_parser = crate::harness::positive)]
     pub batch: usize,
     /// Output directory.
+    #[arg(long, default_value = "gpu-out")]
     pub out: PathBuf,
     /// Append the best schedule to this tuning cache (`cuda-sm_XY.jsonl`).
+    #[arg(long)]
     pub record: Option<PathBuf>,
     /// `harl` (HARL's agent on the GPU sketch) or `sampling` (the default).
+    #[arg(long, default_value = "sampling", value_parser = gpu_strategy)]
     pub strategy: GpuStrategy,
 }
 
-/// Parses `--key value` options of `gpu`.
-pub fn parse(args: &[String]) -> Result<Options, Error> {
-    let mut o = Options {
-        workload: String::new(),
-        trials: 200,
-        seed: 0,
-        batch: 32,
-        out: PathBuf::from("gpu-out"),
-        record: None,
-        strategy: GpuStrategy::Sampling,
-    };
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
-        match flag.as_str() {
-            "--workload" => o.workload = value.clone(),
-            "--trials" => o.trials = value.parse()?,
-            "--seed" => o.seed = value.parse()?,
-            "--batch" => o.batch = value.parse()?,
-            "--out" => o.out = value.into(),
-            "--record" => o.record = Some(value.into()),
-            "--strategy" => {
-                o.strategy = match value.as_str() {
-                    "harl" => GpuStrategy::Harl,
-                    "sampling" => GpuStrategy::Sampling,
-                    other => return Err(format!("gpu: unknown strategy `{other}`").into()),
-                }
-            }
-            other => return Err(format!("gpu: unknown argument `{other}`").into()),
-        }
+fn gpu_strategy(s: &str) -> Result<GpuStrategy, String> {
+    match s {
+        "harl" => Ok(GpuStrategy::Harl),
+        "sampling" => Ok(GpuStrategy::Sampling),
+        other => Err(format!("unknown strategy `{other}` (harl, sampling)")),
     }
-    if o.workload.is_empty() || o.trials == 0 || o.batch == 0 {
-        return Err("gpu needs --workload and positive --trials and --batch".into());
-    }
-    Ok(o)
 }
 
 /// Runs the GPU tuning job.
@@ -225,29 +203,30 @@ fn cublas_gflops(m: &GpuMeasurer, mm: usize, k: usize, n: usize) -> Result<f64, 
 mod tests {
     use super::*;
 
-    fn args(s: &[&str]) -> Vec<String> {
-        s.iter().map(|a| a.to_string()).collect()
+    /// `gpu`'s options as clap parses them.
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        options: Options,
+    }
+
+    fn parse(args: &[&str]) -> Result<Options, clap::Error> {
+        use clap::Parser;
+        Cli::try_parse_from(std::iter::once("gpu").chain(args.iter().copied())).map(|c| c.options)
     }
 
     #[test]
     fn options_parse_and_reject() {
-        let o = parse(&args(&[
-            "--workload",
-            "gemm_1024",
-            "--trials",
-            "300",
-            "--out",
-            "d",
-        ]))
-        .expect("parses");
+        let o =
+            parse(&["--workload", "gemm_1024", "--trials", "300", "--out", "d"]).expect("parses");
         assert_eq!((o.trials, o.batch, o.seed), (300, 32, 0));
         assert_eq!(o.strategy, GpuStrategy::Sampling);
-        let h = parse(&args(&["--workload", "gemm_128", "--strategy", "harl"])).expect("parses");
+        let h = parse(&["--workload", "gemm_128", "--strategy", "harl"]).expect("parses");
         assert_eq!(h.strategy, GpuStrategy::Harl);
-        assert!(parse(&args(&["--workload", "gemm_128", "--strategy", "ansor"])).is_err());
-        assert!(parse(&args(&["--trials", "3"])).is_err());
-        assert!(parse(&args(&["--workload", "gemm_128", "--trials", "0"])).is_err());
-        assert!(parse(&args(&["--workload"])).is_err());
+        assert!(parse(&["--workload", "gemm_128", "--strategy", "ansor"]).is_err());
+        assert!(parse(&["--trials", "3"]).is_err());
+        assert!(parse(&["--workload", "gemm_128", "--trials", "0"]).is_err());
+        assert!(parse(&["--workload"]).is_err());
     }
 
     #[test]
@@ -257,14 +236,14 @@ mod tests {
             eprintln!("skipped: this machine has a CUDA driver");
             return;
         }
-        let o = parse(&args(&[
+        let o = parse(&[
             "--workload",
             "gemm_128",
             "--trials",
             "4",
             "--out",
             "/nonexistent-harl",
-        ]))
+        ])
         .expect("parses");
         let e = run(&o).expect_err("no driver");
         assert!(e.to_string().contains("no CUDA driver"), "{e}");

@@ -4,8 +4,8 @@
 //! schedules that should run alike shows whether it comes from the code or from where in a
 //! batch a candidate was timed.
 
+use crate::harness::{host_target, measure_rotating};
 use crate::suite;
-use crate::tune::{host_target, measure_rotating};
 use crate::Error;
 use harl_build::default_schedule::default_schedule;
 use harl_tune::space::cpu::generate_sketches;

@@ -15,9 +15,10 @@ use harl_te::Graph;
 use std::path::{Path, PathBuf};
 
 /// Options of `record`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct Options {
     /// Cache directory the records go to.
+    #[arg(long, default_value = "examples/quickstart/tuning-cache")]
     pub out: PathBuf,
 }
 
@@ -62,20 +63,20 @@ fn compiled() -> Result<Vec<Compiled>, Error> {
         Compiled {
             name: "dense_relu",
             graph: graph("dense_relu")?,
-            source: crate::qs_dense_relu::schedule_source(),
-            run: |x, out| crate::qs_dense_relu::run(&x[0], &x[1], &x[2], out),
+            source: crate::kernels::qs_dense_relu::schedule_source(),
+            run: |x, out| crate::kernels::qs_dense_relu::run(&x[0], &x[1], &x[2], out),
         },
         Compiled {
             name: "conv3x3",
             graph: graph("conv3x3")?,
-            source: crate::qs_conv3x3::schedule_source(),
-            run: |x, out| crate::qs_conv3x3::run(&x[0], &x[1], out),
+            source: crate::kernels::qs_conv3x3::schedule_source(),
+            run: |x, out| crate::kernels::qs_conv3x3::run(&x[0], &x[1], out),
         },
     ];
     for c in &out {
         let key = match c.name {
-            "dense_relu" => crate::qs_dense_relu::WORKLOAD_KEY,
-            _ => crate::qs_conv3x3::WORKLOAD_KEY,
+            "dense_relu" => crate::kernels::qs_dense_relu::WORKLOAD_KEY,
+            _ => crate::kernels::qs_conv3x3::WORKLOAD_KEY,
         };
         if c.graph.workload_key() != key {
             return Err(format!(

@@ -3,9 +3,9 @@
 //! `gemm` crate, so that the ratios do not depend on what else the machine did during tuning.
 //! Prints a markdown table and writes `DIR/remeasure.json`.
 
+use crate::harness::{gemm_gflops, measure_schedules};
 use crate::stats::median;
 use crate::suite;
-use crate::tune::{gemm_gflops, measure_schedules};
 use crate::workload::Matmul;
 use crate::Error;
 use harl_build::schedule::Schedule;

@@ -8,9 +8,9 @@
 //! files that keep `best_params` (written since `compare` keeps them). Prints a markdown table
 //! and writes `DIR/retime.json`.
 
+use crate::harness::{host_target, measure_rotating};
 use crate::stats::median;
 use crate::suite;
-use crate::tune::{host_target, measure_rotating};
 use crate::Error;
 use harl_build::default_schedule::default_schedule;
 use harl_build::schedule::Schedule;

@@ -19,9 +19,10 @@ use std::process::Command;
 pub const WORKER_COMMAND: &str = "__matrixmultiply";
 
 /// Options of the `spine` command.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, clap::Args)]
 pub struct Options {
     /// Also write the table as JSON here.
+    #[arg(long)]
     pub json: Option<PathBuf>,
 }
 

@@ -1,6 +1,6 @@
 //! The benchmarked workloads: their shapes, FLOP counts, inputs and the harl kernel for each.
 
-use crate::{conv2d_56, matmul_1024, matmul_512};
+use crate::kernels::{conv2d_56, matmul_1024, matmul_512};
 
 /// A generated harl kernel with two inputs, as `include_kernels!` emits it.
 pub type KernelFn = fn(&[f32], &[f32], &mut [f32]) -> Result<(), harl::KernelError>;

@@ -539,6 +539,11 @@ impl Builder {
             }
         };
         for o in &outcomes {
+            if o.latency_s.is_none() {
+                let why = o.note.as_deref().unwrap_or("every trial failed");
+                warn(format!("kernel `{}`: {why}", o.name));
+                continue;
+            }
             let latency =
                 |l: Option<f64>| l.map_or("failed".into(), |l| format!("{:.4} ms", l * 1e3));
             let mut line = format!(

@@ -8,9 +8,9 @@
 //! `mul_add` only in variants with FMA (elsewhere it is a libm call). Parallel nests run their
 //! outermost loop on rayon through `harl::runtime::parallel_for`.
 
-use crate::default_schedule::CpuTarget;
 use crate::loop_ir::in_bounds;
 use crate::loop_ir::{LoopKind, Nest, Program, Stmt};
+pub use crate::target::Variant;
 use harl_te::{BinaryOp, DType, Expr, Graph, ReduceOp, TensorRef, UnaryOp};
 use std::fmt::Write;
 
@@ -23,88 +23,6 @@ const SOURCE_UNROLL_MAX: usize = 16;
 /// batch of such candidates ran past the measurer's 10-minute build limit (2026-12-01). The
 /// innermost loops are expanded first, as they matter most for register tiles.
 const SOURCE_UNROLL_BYTES: usize = 64 * 1024;
-
-const X86: &str = "#[cfg(any(target_arch = \"x86\", target_arch = \"x86_64\"))]";
-
-/// One ISA variant of a kernel.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Variant {
-    /// x86-64 with AVX-512F/VL, AVX2 and FMA.
-    Avx512,
-    /// x86-64 with AVX2 and FMA.
-    Avx2,
-    /// Everything else (FMA on aarch64, where NEON always has it).
-    Base,
-}
-
-impl Variant {
-    /// All variants, best first.
-    pub const ALL: [Variant; 3] = [Variant::Avx512, Variant::Avx2, Variant::Base];
-
-    /// The submodule name, also the label in `SCHEDULE_SOURCES`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Variant::Avx512 => "avx512",
-            Variant::Avx2 => "avx2",
-            Variant::Base => "base",
-        }
-    }
-
-    /// The tuning-cache ISA class whose records apply to this variant on `arch`.
-    pub fn isa_class(self, arch: &str) -> String {
-        match (self, arch) {
-            (Variant::Avx512, _) => "x86_64-avx512".into(),
-            (Variant::Avx2, _) => "x86_64-avx2".into(),
-            (Variant::Base, "aarch64") => "aarch64-neon".into(),
-            (Variant::Base, a) => format!("{a}-baseline"),
-        }
-    }
-
-    /// What the default schedule plans for in this variant.
-    pub fn cpu_target(self, arch: &str, threads: usize) -> CpuTarget {
-        let (vector_bytes, acc_registers) = match (self, arch) {
-            (Variant::Avx512, _) => (64, 16),
-            (Variant::Avx2, _) => (32, 12),
-            (Variant::Base, "aarch64") => (16, 24),
-            (Variant::Base, _) => (16, 12),
-        };
-        CpuTarget {
-            vector_bytes,
-            acc_registers,
-            threads,
-        }
-    }
-
-    fn cfg(self) -> &'static str {
-        match self {
-            Variant::Base => "",
-            _ => X86,
-        }
-    }
-
-    fn target_feature(self) -> &'static str {
-        match self {
-            Variant::Avx512 => "#[target_feature(enable = \"avx512f,avx512vl,avx2,fma\")]\n",
-            Variant::Avx2 => "#[target_feature(enable = \"avx2,fma\")]\n",
-            Variant::Base => "",
-        }
-    }
-
-    fn fma(self) -> &'static str {
-        match self {
-            Variant::Base => "cfg!(target_arch = \"aarch64\")",
-            _ => "true",
-        }
-    }
-
-    fn isa(self) -> &'static str {
-        match self {
-            Variant::Avx512 => "::harl::runtime::Isa::Avx512",
-            Variant::Avx2 => "::harl::runtime::Isa::Avx2",
-            Variant::Base => "_",
-        }
-    }
-}
 
 /// What the generated module is called from: names for messages and parameters.
 #[derive(Clone, Debug)]

@@ -10,54 +10,7 @@
 use crate::schedule::{Schedule, Step};
 use harl_te::{Expr, Graph, TensorRef};
 
-/// The vector and register budget the default schedule plans for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CpuTarget {
-    /// Vector register width in bytes (64 for AVX-512, 32 for AVX2, 16 for NEON/SSE).
-    pub vector_bytes: usize,
-    /// Vector registers the accumulator may use.
-    pub acc_registers: usize,
-    /// Threads the parallel loop should feed.
-    pub threads: usize,
-}
-
-impl CpuTarget {
-    /// Plans for the CPU this code runs on (the build host).
-    pub fn host() -> Self {
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-        {
-            if std::arch::is_x86_feature_detected!("avx512f") {
-                return CpuTarget {
-                    vector_bytes: 64,
-                    acc_registers: 16,
-                    threads,
-                };
-            }
-            if std::arch::is_x86_feature_detected!("avx2") {
-                return CpuTarget {
-                    vector_bytes: 32,
-                    acc_registers: 12,
-                    threads,
-                };
-            }
-        }
-        CpuTarget {
-            vector_bytes: 16,
-            acc_registers: 12,
-            threads,
-        }
-    }
-
-    /// A conservative plan for a target that cannot be probed (cross-compiling).
-    pub fn portable() -> Self {
-        CpuTarget {
-            vector_bytes: 32,
-            acc_registers: 12,
-            threads: 4,
-        }
-    }
-}
+pub use crate::target::CpuTarget;
 
 /// Builds the default schedule for `graph`.
 pub fn default_schedule(graph: &Graph, target: &CpuTarget) -> Schedule {
