@@ -1,0 +1,398 @@
+//! The `build.rs` entry point: find kernels, pick schedules, write generated Rust to `OUT_DIR`.
+//!
+//! ```no_run
+//! // build.rs: fn main() { ... }
+//! harl_build::Builder::new().scan_crate().compile();
+//! ```
+//! Kernels declared with `#[harl::kernel]` are found by scanning the crate's sources; ops can
+//! also be registered directly with [`Builder::kernel`] and included with
+//! `harl::include_kernels!()`.
+
+mod env;
+mod gpu;
+mod select;
+mod tune;
+
+use crate::directive::{escape, Directives};
+use crate::manifest::MANIFEST_FILE;
+use crate::scan;
+use env::BuildEnv;
+use harl_te::Graph;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// How much tuning a build may do (`HARL_TUNE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TuneMode {
+    /// Default schedules only; the cache is not read.
+    Off,
+    /// Use cache records; never tune (the default).
+    Cache,
+    /// Tune cache misses within the budget.
+    On,
+}
+
+impl TuneMode {
+    /// Parses `off`, `cache` or `on`.
+    pub fn parse(s: &str) -> Option<TuneMode> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "off" | "0" | "false" => Some(TuneMode::Off),
+            "cache" => Some(TuneMode::Cache),
+            "on" | "1" | "true" => Some(TuneMode::On),
+            _ => None,
+        }
+    }
+}
+
+/// Why a build step failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// A variable cargo sets for build scripts is missing (not running under cargo?).
+    #[error(
+        "environment variable {0} is not set; run from a build script or set Builder::out_dir"
+    )]
+    MissingEnv(&'static str),
+    /// Reading sources or writing generated code failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// A kernel registered with [`Builder::kernel`] is invalid.
+    #[error("kernel `{name}`: {why}")]
+    InvalidKernel {
+        /// Its name.
+        name: String,
+        /// What is wrong.
+        why: String,
+    },
+}
+
+/// Where the schedule of a generated kernel came from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ScheduleSource {
+    /// The default heuristic.
+    Default,
+    /// A cache record for this exact target.
+    CacheExact {
+        /// Measured latency of the record.
+        latency_s: f64,
+    },
+    /// A cache record from a CPU of the same ISA class.
+    CacheCompatible {
+        /// Measured latency of the record.
+        latency_s: f64,
+    },
+    /// Tuned by this build (`HARL_TUNE=on`) and appended to the cache.
+    Tuned {
+        /// Measured latency of the winner.
+        latency_s: f64,
+        /// Trials spent.
+        trials: usize,
+    },
+}
+
+impl std::fmt::Display for ScheduleSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ScheduleSource::Default => write!(f, "default schedule"),
+            ScheduleSource::CacheExact { latency_s } => {
+                write!(f, "tuning cache, exact target (recorded {latency_s:.3e} s)")
+            }
+            ScheduleSource::CacheCompatible { latency_s } => {
+                write!(
+                    f,
+                    "tuning cache, same ISA class (recorded {latency_s:.3e} s)"
+                )
+            }
+            ScheduleSource::Tuned { latency_s, trials } => {
+                write!(
+                    f,
+                    "tuned by this build ({trials} trials, measured {latency_s:.3e} s)"
+                )
+            }
+        }
+    }
+}
+
+/// One generated kernel.
+#[derive(Clone, Debug)]
+pub struct KernelReport {
+    /// Kernel name.
+    pub name: String,
+    /// Workload key.
+    pub workload_key: String,
+    /// Where its schedule came from.
+    pub source: ScheduleSource,
+    /// The generated file.
+    pub path: PathBuf,
+}
+
+/// What a build generated, and the warnings it gave.
+#[derive(Clone, Debug, Default)]
+pub struct Report {
+    /// Every generated kernel.
+    pub kernels: Vec<KernelReport>,
+    /// Warnings (already printed as `cargo:warning` when running under cargo).
+    pub warnings: Vec<String>,
+}
+
+struct Registered {
+    name: String,
+    graph: Graph,
+}
+
+/// Configures and runs harl's build step.
+#[derive(Default)]
+pub struct Builder {
+    scan: Vec<PathBuf>,
+    kernels: Vec<Registered>,
+    out_dir: Option<PathBuf>,
+    cache_dir: Option<PathBuf>,
+    mode: Option<TuneMode>,
+    quiet: bool,
+    cuda: bool,
+}
+
+impl Builder {
+    /// A builder with nothing registered.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Scans the crate's `src/` for `#[harl::kernel]` items.
+    pub fn scan_crate(mut self) -> Self {
+        let root = std::env::var_os("CARGO_MANIFEST_DIR")
+            .map_or_else(|| PathBuf::from("."), PathBuf::from);
+        self.scan.push(root.join("src"));
+        self
+    }
+
+    /// Scans a file or directory for `#[harl::kernel]` items.
+    pub fn scan_path(mut self, path: impl AsRef<Path>) -> Self {
+        self.scan.push(path.as_ref().to_path_buf());
+        self
+    }
+
+    /// Registers an op built with `harl_te` (e.g. `harl_te::ops::workloads::matmul(512, 512, 512)`)
+    /// as module `name` of the file `harl::include_kernels!()` includes.
+    pub fn kernel(mut self, name: &str, graph: Graph) -> Self {
+        self.kernels.push(Registered {
+            name: name.to_string(),
+            graph,
+        });
+        self
+    }
+
+    /// Writes generated code here instead of `$OUT_DIR`.
+    pub fn out_dir(mut self, dir: impl AsRef<Path>) -> Self {
+        self.out_dir = Some(dir.as_ref().to_path_buf());
+        self
+    }
+
+    /// Reads tuning records from here (default `$CARGO_MANIFEST_DIR/tuning-cache`;
+    /// `HARL_CACHE_DIR` overrides both).
+    pub fn cache_dir(mut self, dir: impl AsRef<Path>) -> Self {
+        self.cache_dir = Some(dir.as_ref().to_path_buf());
+        self
+    }
+
+    /// Sets the tuning mode (`HARL_TUNE` overrides it).
+    pub fn tune(mut self, mode: TuneMode) -> Self {
+        self.mode = Some(mode);
+        self
+    }
+
+    /// Also generates GPU code: each kernel module gets a `GPU: harl::gpu::GpuKernel` with PTX
+    /// of the default GPU schedule (the user's crate enables harl's `cuda` feature). PTX needs
+    /// NVRTC on the build host, through harl-build's `cuda` feature; without it the kernel is
+    /// still generated, with no PTX, and says so at run time ([`harl::gpu`] docs) and here in
+    /// a warning. GPU code is f32-only for now.
+    pub fn cuda(mut self, on: bool) -> Self {
+        self.cuda = on;
+        self
+    }
+
+    /// Does not print `cargo:` lines (for use outside build scripts and in tests).
+    pub fn quiet(mut self) -> Self {
+        self.quiet = true;
+        self
+    }
+
+    /// Runs the build step; on error prints it and fails the build script.
+    pub fn compile(self) -> Report {
+        match self.try_compile() {
+            Ok(r) => r,
+            Err(e) => {
+                // Errors quote paths and names; keep them to one line each.
+                eprintln!("harl-build: {}", escape(&e.to_string()));
+                std::process::exit(1);
+            }
+        }
+    }
+
+    /// Runs the build step and returns a typed error instead of exiting.
+    pub fn try_compile(self) -> Result<Report, BuildError> {
+        let mut report = Report::default();
+        let out_dir = match &self.out_dir {
+            Some(d) => d.clone(),
+            None => std::env::var_os("OUT_DIR")
+                .map(PathBuf::from)
+                .ok_or(BuildError::MissingEnv("OUT_DIR"))?,
+        };
+        let gen_dir = out_dir.join("harl");
+        let env = BuildEnv::read(&self, &gen_dir);
+        std::fs::create_dir_all(&gen_dir).map_err(|source| BuildError::Io {
+            path: gen_dir.clone(),
+            source,
+        })?;
+        let out = Directives::new(self.quiet);
+        // Warnings quote cache files, paths and compiler messages: escaped once, here, both
+        // for cargo and for the report (a build script that prints it stays safe).
+        let warn = |msg: String, report: &mut Report| {
+            out.warning(&msg);
+            report.warnings.push(escape(&msg));
+        };
+        for var in [
+            "HARL_TUNE",
+            "HARL_CACHE_DIR",
+            "HARL_TRIALS",
+            "HARL_SEED",
+            "HARL_STRATEGY",
+            "HARL_TUNE_SECONDS",
+            "HARL_GPU_TRIALS",
+            "HARL_TUNER",
+        ] {
+            out.rerun_if_env_changed(var);
+        }
+        if self.cuda {
+            // Where NVRTC is found.
+            out.rerun_if_env_changed("LD_LIBRARY_PATH");
+        }
+        for p in self.scan.iter().chain(std::iter::once(&env.cache_dir)) {
+            if p.exists() && !out.rerun_if_changed(p) {
+                warn(
+                    format!(
+                        "{} has a line break or is not UTF-8, so cargo cannot watch it; rebuild by hand after changing it",
+                        p.display()
+                    ),
+                    &mut report,
+                );
+            }
+        }
+        // Kernels declared with the attribute (one file each, named by name and workload key),
+        // then kernels registered directly (modules of one file).
+        let mut found = Vec::new();
+        for root in &self.scan {
+            scan::scan_path(root, &mut found)
+                .map_err(|(path, source)| BuildError::Io { path, source })?;
+        }
+        for k in &self.kernels {
+            if !is_ident(&k.name) {
+                return Err(BuildError::InvalidKernel {
+                    name: k.name.clone(),
+                    why: "the name must be a Rust identifier".into(),
+                });
+            }
+            k.graph.validate().map_err(|e| BuildError::InvalidKernel {
+                name: k.name.clone(),
+                why: e.to_string(),
+            })?;
+        }
+        let kernels: Vec<(&str, &Graph)> = found
+            .iter()
+            .map(|d| (d.name.as_str(), &d.graph))
+            .chain(self.kernels.iter().map(|k| (k.name.as_str(), &k.graph)))
+            .collect();
+        let manifest_path = gen_dir.join(MANIFEST_FILE);
+        if let Err(e) = self
+            .manifest(&kernels, &env, &gen_dir)
+            .write(&manifest_path)
+        {
+            warn(
+                format!("cannot write {}: {e}", manifest_path.display()),
+                &mut report,
+            );
+        }
+        let tuned = if env.mode == TuneMode::On && self.needs_tuning(&kernels, &env) {
+            self.call_tuner(&manifest_path, &gen_dir, &mut |m| warn(m, &mut report))
+        } else {
+            HashMap::new()
+        };
+        for decl in &found {
+            let params = param_names(decl.params.iter().map(|p| p.name.as_str()));
+            let (code, source, key) =
+                self.generate(&decl.name, &decl.graph, params, &env, &tuned, &mut |m| {
+                    warn(m, &mut report)
+                });
+            let path = gen_dir.join(decl.generated_file());
+            write_if_changed(&path, &code)?;
+            report.kernels.push(KernelReport {
+                name: decl.name.clone(),
+                workload_key: key,
+                source,
+                path,
+            });
+        }
+        let mut all =
+            String::from("// @generated by harl-build: kernels registered with Builder::kernel.\n");
+        for k in &self.kernels {
+            let params = param_names(k.graph.inputs.iter().map(|p| p.name.as_str()));
+            let (code, source, key) =
+                self.generate(&k.name, &k.graph, params, &env, &tuned, &mut |m| {
+                    warn(m, &mut report)
+                });
+            all.push_str(&format!(
+                "/// Kernel `{}` ({source}).\n#[allow(warnings, clippy::all, unsafe_code, missing_docs)]\npub mod {} {{\n{code}}}\n",
+                k.name, k.name
+            ));
+            report.kernels.push(KernelReport {
+                name: k.name.clone(),
+                workload_key: key,
+                source,
+                path: gen_dir.join("kernels.rs"),
+            });
+        }
+        write_if_changed(&gen_dir.join("kernels.rs"), &all)?;
+        Ok(report)
+    }
+}
+
+fn write_if_changed(path: &Path, content: &str) -> Result<(), BuildError> {
+    if std::fs::read_to_string(path).is_ok_and(|old| old == content) {
+        return Ok(());
+    }
+    std::fs::write(path, content).map_err(|source| BuildError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+fn is_ident(s: &str) -> bool {
+    let mut chars = s.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && syn::parse_str::<syn::Ident>(s).is_ok()
+}
+
+/// The generated `run`'s parameter names: each input's own name where it is a plain Rust
+/// identifier (not a keyword, not `out`, not taken by an earlier input), else `input{i}`.
+/// The output is `out`; callers pass arguments by position, so names only help a reader.
+fn param_names<'a>(names: impl Iterator<Item = &'a str>) -> Vec<String> {
+    let names: Vec<&str> = names.collect();
+    let mut params: Vec<String> = Vec::with_capacity(names.len());
+    for (i, name) in names.iter().enumerate() {
+        let plain = is_ident(name) && *name != "out" && !name.starts_with("input");
+        let unique = !names[..i].contains(name);
+        params.push(if plain && unique {
+            name.to_string()
+        } else {
+            format!("input{i}")
+        });
+    }
+    params
+}
