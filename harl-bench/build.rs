@@ -25,6 +25,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for decl in found {
         builder = builder.kernel(&format!("qs_{}", decl.name), decl.graph);
     }
+    // The vector-math kernels of `harl-bench math`, declared with the attribute.
+    builder = builder.scan_path(manifest.join("src/math.rs"));
     builder.compile();
     Ok(())
 }

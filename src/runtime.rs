@@ -3,6 +3,8 @@
 //!
 //! This is the narrow layer where harl itself uses `unsafe` outside generated kernels.
 
+pub mod math;
+
 use std::sync::OnceLock;
 
 /// The instruction-set class a kernel multiversion was compiled for.
@@ -139,7 +141,8 @@ pub fn erf_f64(x: f64) -> f64 {
     }
 }
 
-/// The error function for f32 (computed in f64).
+/// The error function for f32 (computed in f64). Kernels call [`math::erf_f32`] where it
+/// vectorises.
 #[inline]
 pub fn erf_f32(x: f32) -> f32 {
     erf_f64(x as f64) as f32

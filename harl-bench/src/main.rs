@@ -13,6 +13,7 @@ mod compare;
 mod gpu;
 mod harness;
 mod kernels;
+mod math;
 mod model_eval;
 mod peers;
 mod probe;
@@ -115,6 +116,13 @@ enum Command {
         #[arg(long)]
         emit: Option<PathBuf>,
     },
+    /// harl's vector math (exp, log, tanh, erf, GELU) in emitted kernels against the scalar
+    /// libm loop harl emitted before, one thread, interleaved rounds.
+    Math {
+        /// Rounds (medians).
+        #[arg(long, default_value_t = 5, value_parser = harness::positive)]
+        rounds: usize,
+    },
     /// The tuning suite's workloads and the workload spec keys.
     List,
     /// The hidden matrixmultiply timing worker (see [`spine::WORKER_COMMAND`]).
@@ -186,6 +194,7 @@ fn run(command: Command) -> Result<(), Error> {
             rounds,
         } => remeasure::run(&dir, threads, rounds),
         Command::Gpu(options) => gpu::run(&options),
+        Command::Math { rounds } => math::run(rounds),
         Command::List => {
             print!("{}", suite::list());
             Ok(())

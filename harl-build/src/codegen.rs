@@ -24,6 +24,15 @@ const SOURCE_UNROLL_MAX: usize = 16;
 /// innermost loops are expanded first, as they matter most for register tiles.
 const SOURCE_UNROLL_BYTES: usize = 64 * 1024;
 
+/// An f32 math call: harl's branch-free version (`harl::runtime::math`) in variants where it
+/// vectorises, the libm method elsewhere (x86 without AVX2, where the branch-free code runs
+/// scalar and is slower than libm). The variant's `VECTOR_MATH` constant folds the choice.
+fn vector_math(harl: &str, method: &str, x: &str) -> String {
+    format!(
+        "(if VECTOR_MATH {{ ::harl::runtime::math::{harl}_f32({x}) }} else {{ {x}.{method}() }})"
+    )
+}
+
 /// What the generated module is called from: names for messages and parameters.
 #[derive(Clone, Debug)]
 pub struct KernelMeta {
@@ -110,6 +119,7 @@ fn emit_variant(out: &mut String, v: &VariantProgram, meta: &KernelMeta) {
     let var = v.variant;
     let _ = writeln!(out, "{}\nmod {} {{", var.cfg(), var.name());
     let _ = writeln!(out, "const FMA: bool = {};", var.fma());
+    let _ = writeln!(out, "const VECTOR_MATH: bool = {};", var.vector_math());
     // The buffers every nest can see, as pointers that may cross threads.
     out.push_str("#[derive(Clone, Copy)]\nstruct Bufs {\n");
     for (i, ph) in g.inputs.iter().enumerate() {
@@ -500,10 +510,17 @@ impl Cx<'_> {
                     (UnaryOp::Neg, _) => format!("(-{x})"),
                     (UnaryOp::Not, _) => format!("(!{x})"),
                     (UnaryOp::Abs, _) => format!("{x}.abs()"),
+                    // f32: harl's branch-free versions, which vectorise (libm's are calls).
+                    (UnaryOp::Exp, Ty::Val(DType::F32)) => vector_math("exp", "exp", &x),
+                    (UnaryOp::Log, Ty::Val(DType::F32)) => vector_math("ln", "ln", &x),
+                    (UnaryOp::Tanh, Ty::Val(DType::F32)) => vector_math("tanh", "tanh", &x),
                     (UnaryOp::Exp, _) => format!("{x}.exp()"),
                     (UnaryOp::Log, _) => format!("{x}.ln()"),
                     (UnaryOp::Sqrt, _) => format!("{x}.sqrt()"),
                     (UnaryOp::Tanh, _) => format!("{x}.tanh()"),
+                    (UnaryOp::Erf, Ty::Val(DType::F32)) => format!(
+                        "(if VECTOR_MATH {{ ::harl::runtime::math::erf_f32({x}) }} else {{ ::harl::runtime::erf_f64({x} as f64) as f32 }})"
+                    ),
                     (UnaryOp::Erf, Ty::Val(d)) => {
                         format!("::harl::runtime::erf_{}({x})", d.rust_name())
                     }

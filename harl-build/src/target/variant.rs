@@ -69,6 +69,15 @@ impl Variant {
         }
     }
 
+    /// Whether `harl::runtime::math` vectorises here (a Rust expression, like [`Self::fma`]):
+    /// with AVX2 or AVX-512, and on aarch64 (NEON); not on x86 without AVX2, where libm wins.
+    pub(crate) fn vector_math(self) -> &'static str {
+        match self {
+            Variant::Base => "cfg!(target_arch = \"aarch64\")",
+            _ => "true",
+        }
+    }
+
     pub(crate) fn fma(self) -> &'static str {
         match self {
             Variant::Base => "cfg!(target_arch = \"aarch64\")",
