@@ -15,6 +15,7 @@ mod harness;
 mod kernels;
 mod math;
 mod model_eval;
+mod models;
 mod peers;
 mod probe;
 mod record;
@@ -123,6 +124,9 @@ enum Command {
         #[arg(long, default_value_t = 5, value_parser = harness::positive)]
         rounds: usize,
     },
+    /// The kernels of BERT-base, ResNet-50, MobileNet-V2 and LLM decode GEMVs against
+    /// onnxruntime and numpy's BLAS (scripts/peers.py), default schedule and after --trials.
+    Models(models::Options),
     /// The tuning suite's workloads and the workload spec keys.
     List,
     /// The hidden matrixmultiply timing worker (see [`spine::WORKER_COMMAND`]).
@@ -195,6 +199,7 @@ fn run(command: Command) -> Result<(), Error> {
         } => remeasure::run(&dir, threads, rounds),
         Command::Gpu(options) => gpu::run(&options),
         Command::Math { rounds } => math::run(rounds),
+        Command::Models(options) => models::run(&options),
         Command::List => {
             print!("{}", suite::list());
             Ok(())
