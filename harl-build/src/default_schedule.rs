@@ -179,8 +179,21 @@ pub fn plan_tiles(graph: &Graph, s: usize, target: &CpuTarget) -> Option<TilePla
         .filter(|&a| a != vec_axis && ext[a] > 1)
         .max_by_key(|&a| (!vec_operand_axes.contains(&a), ext[a]));
     let lanes = (target.vector_bytes / elem_bytes(stage.dtype)).max(1);
-    let nr = pick_divisor(ext[vec_axis], &[2 * lanes, lanes, 4 * lanes, 3 * lanes])
-        .unwrap_or_else(|| largest_divisor_at_most(ext[vec_axis], 2 * lanes));
+    let nr = match row_axis {
+        Some(_) => pick_divisor(ext[vec_axis], &[2 * lanes, lanes, 4 * lanes, 3 * lanes])
+            .unwrap_or_else(|| largest_divisor_at_most(ext[vec_axis], 2 * lanes)),
+        // A thin problem (one row: a GEMV, batch-1 decode) reuses nothing across rows, and
+        // streams its matrix: the vector tile is as wide as the accumulator registers allow,
+        // so each row of the matrix is read in long contiguous runs rather than one cache line
+        // a row (0.3x onnxruntime on a 4096x4096 GEMV with the 2-vector tile).
+        None => {
+            let cap = target.acc_registers * lanes;
+            (lanes..=cap)
+                .rev()
+                .find(|&d| ext[vec_axis] % d == 0 && d % lanes == 0)
+                .unwrap_or_else(|| largest_divisor_at_most(ext[vec_axis], cap))
+        }
+    };
     let vec_regs = nr.div_ceil(lanes);
     let max_rows = (target.acc_registers / vec_regs).clamp(1, 8);
     let mr = match row_axis {
