@@ -2,7 +2,8 @@
 //! batch-1 LLM decode GEMVs, each timed by harl's measurer (the shipped codegen, checked against
 //! the interpreter) with its default schedule and, with `--trials N`, after an N-trial tune, at
 //! each thread count; against onnxruntime (the same op or fused subgraph as an ONNX model) and,
-//! for matmuls, numpy's BLAS, run by `scripts/peers.py` in the same sitting. Before timing,
+//! for matmuls, numpy's BLAS, run by `scripts/peers.py` in the same sitting, before and after
+//! harl (each peer figure the faster of the two). Before timing,
 //! each kernel's graph is checked against onnxruntime on a small twin (the same kernel at
 //! small sizes): the interpreter's output on the peer's inputs must match the peer's output.
 //!
@@ -42,11 +43,38 @@ pub struct Options {
 /// What a kernel computes; sizes as in the model.
 #[derive(Clone, Debug)]
 enum Kind {
-    Dense { m: usize, k: usize, n: usize, bias: bool, residual: bool, act: Act },
-    Bmm { b: usize, m: usize, k: usize, n: usize },
-    Softmax { rows: usize, cols: usize },
-    LayerNorm { rows: usize, cols: usize },
-    Conv { c: usize, hw: usize, f: usize, kernel: usize, stride: usize, groups: usize, residual: bool, act: Act },
+    Dense {
+        m: usize,
+        k: usize,
+        n: usize,
+        bias: bool,
+        residual: bool,
+        act: Act,
+    },
+    Bmm {
+        b: usize,
+        m: usize,
+        k: usize,
+        n: usize,
+    },
+    Softmax {
+        rows: usize,
+        cols: usize,
+    },
+    LayerNorm {
+        rows: usize,
+        cols: usize,
+    },
+    Conv {
+        c: usize,
+        hw: usize,
+        f: usize,
+        kernel: usize,
+        stride: usize,
+        groups: usize,
+        residual: bool,
+        act: Act,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -69,15 +97,48 @@ impl Act {
 }
 
 fn dense(m: usize, k: usize, n: usize, bias: bool, residual: bool, act: Act) -> Kind {
-    Kind::Dense { m, k, n, bias, residual, act }
+    Kind::Dense {
+        m,
+        k,
+        n,
+        bias,
+        residual,
+        act,
+    }
 }
 
-fn conv(c: usize, hw: usize, f: usize, kernel: usize, stride: usize, residual: bool, act: Act) -> Kind {
-    Kind::Conv { c, hw, f, kernel, stride, groups: 1, residual, act }
+fn conv(
+    c: usize,
+    hw: usize,
+    f: usize,
+    kernel: usize,
+    stride: usize,
+    residual: bool,
+    act: Act,
+) -> Kind {
+    Kind::Conv {
+        c,
+        hw,
+        f,
+        kernel,
+        stride,
+        groups: 1,
+        residual,
+        act,
+    }
 }
 
 fn depthwise(c: usize, hw: usize, stride: usize) -> Kind {
-    Kind::Conv { c, hw, f: c, kernel: 3, stride, groups: c, residual: false, act: Act::Relu6 }
+    Kind::Conv {
+        c,
+        hw,
+        f: c,
+        kernel: 3,
+        stride,
+        groups: c,
+        residual: false,
+        act: Act::Relu6,
+    }
 }
 
 /// Every kernel of the benchmark, by model.
@@ -86,29 +147,78 @@ fn kernels() -> Vec<(&'static str, Kind)> {
     vec![
         // BERT-base, sequence 128: hidden 768, 12 heads of 64, FFN 3072.
         ("bert_qkv", dense(128, 768, 2304, true, false, None)),
-        ("bert_qk", Kind::Bmm { b: 12, m: 128, k: 64, n: 128 }),
-        ("bert_softmax", Kind::Softmax { rows: 12 * 128, cols: 128 }),
-        ("bert_av", Kind::Bmm { b: 12, m: 128, k: 128, n: 64 }),
+        (
+            "bert_qk",
+            Kind::Bmm {
+                b: 12,
+                m: 128,
+                k: 64,
+                n: 128,
+            },
+        ),
+        (
+            "bert_softmax",
+            Kind::Softmax {
+                rows: 12 * 128,
+                cols: 128,
+            },
+        ),
+        (
+            "bert_av",
+            Kind::Bmm {
+                b: 12,
+                m: 128,
+                k: 128,
+                n: 64,
+            },
+        ),
         ("bert_out_residual", dense(128, 768, 768, true, true, None)),
-        ("bert_layernorm", Kind::LayerNorm { rows: 128, cols: 768 }),
+        (
+            "bert_layernorm",
+            Kind::LayerNorm {
+                rows: 128,
+                cols: 768,
+            },
+        ),
         ("bert_ffn_up_gelu", dense(128, 768, 3072, true, false, Gelu)),
-        ("bert_ffn_down_residual", dense(128, 3072, 768, true, true, None)),
+        (
+            "bert_ffn_down_residual",
+            dense(128, 3072, 768, true, true, None),
+        ),
         // ResNet-50 at 224: its distinct convolutions (bias, then the residual add, then ReLU).
         ("resnet_stem_7x7s2", conv(3, 224, 64, 7, 2, false, Relu)),
         ("resnet_s1_1x1_64", conv(64, 56, 64, 1, 1, false, Relu)),
         ("resnet_s1_3x3_64", conv(64, 56, 64, 3, 1, false, Relu)),
-        ("resnet_s1_1x1_256_residual", conv(64, 56, 256, 1, 1, true, Relu)),
-        ("resnet_s1_1x1_256to64", conv(256, 56, 64, 1, 1, false, Relu)),
+        (
+            "resnet_s1_1x1_256_residual",
+            conv(64, 56, 256, 1, 1, true, Relu),
+        ),
+        (
+            "resnet_s1_1x1_256to64",
+            conv(256, 56, 64, 1, 1, false, Relu),
+        ),
         ("resnet_s2_3x3s2_128", conv(128, 56, 128, 3, 2, false, Relu)),
         ("resnet_s2_3x3_128", conv(128, 28, 128, 3, 1, false, Relu)),
-        ("resnet_s2_1x1_512_residual", conv(128, 28, 512, 1, 1, true, Relu)),
-        ("resnet_s2_downsample_1x1s2", conv(256, 56, 512, 1, 2, false, None)),
+        (
+            "resnet_s2_1x1_512_residual",
+            conv(128, 28, 512, 1, 1, true, Relu),
+        ),
+        (
+            "resnet_s2_downsample_1x1s2",
+            conv(256, 56, 512, 1, 2, false, None),
+        ),
         ("resnet_s3_3x3s2_256", conv(256, 28, 256, 3, 2, false, Relu)),
         ("resnet_s3_3x3_256", conv(256, 14, 256, 3, 1, false, Relu)),
-        ("resnet_s3_1x1_1024_residual", conv(256, 14, 1024, 1, 1, true, Relu)),
+        (
+            "resnet_s3_1x1_1024_residual",
+            conv(256, 14, 1024, 1, 1, true, Relu),
+        ),
         ("resnet_s4_3x3s2_512", conv(512, 14, 512, 3, 2, false, Relu)),
         ("resnet_s4_3x3_512", conv(512, 7, 512, 3, 1, false, Relu)),
-        ("resnet_s4_1x1_2048_residual", conv(512, 7, 2048, 1, 1, true, Relu)),
+        (
+            "resnet_s4_1x1_2048_residual",
+            conv(512, 7, 2048, 1, 1, true, Relu),
+        ),
         ("resnet_fc", dense(1, 2048, 1000, true, false, None)),
         // MobileNet-V2 at 224: depthwise 3x3 (ReLU6) at each resolution, pointwise 1x1.
         ("mbv2_dw_112_s1", depthwise(32, 112, 1)),
@@ -118,10 +228,16 @@ fn kernels() -> Vec<(&'static str, Kind)> {
         ("mbv2_dw_28_s1", depthwise(192, 28, 1)),
         ("mbv2_dw_14_s1", depthwise(576, 14, 1)),
         ("mbv2_pw_112_16to96", conv(16, 112, 96, 1, 1, false, Relu6)),
-        ("mbv2_pw_56_144to24_residual", conv(144, 56, 24, 1, 1, true, None)),
+        (
+            "mbv2_pw_56_144to24_residual",
+            conv(144, 56, 24, 1, 1, true, None),
+        ),
         ("mbv2_pw_28_32to192", conv(32, 28, 192, 1, 1, false, Relu6)),
         ("mbv2_pw_14_96to576", conv(96, 14, 576, 1, 1, false, Relu6)),
-        ("mbv2_pw_7_320to1280", conv(320, 7, 1280, 1, 1, false, Relu6)),
+        (
+            "mbv2_pw_7_320to1280",
+            conv(320, 7, 1280, 1, 1, false, Relu6),
+        ),
         // Batch-1 LLM decode (a 7B model's projections).
         ("gemv_4096x4096", dense(1, 4096, 4096, false, false, None)),
         ("gemv_4096x11008", dense(1, 4096, 11008, false, false, None)),
@@ -134,15 +250,60 @@ impl Kind {
     fn small(&self) -> Kind {
         let s = |v: usize, cap: usize| v.min(cap);
         match self.clone() {
-            Kind::Dense { m, k, n, bias, residual, act } => {
-                Kind::Dense { m: s(m, 5), k: s(k, 19), n: s(n, 7), bias, residual, act }
-            }
-            Kind::Bmm { b, m, k, n } => Kind::Bmm { b: s(b, 2), m: s(m, 5), k: s(k, 9), n: s(n, 6) },
-            Kind::Softmax { cols, .. } => Kind::Softmax { rows: 3, cols: s(cols, 17) },
-            Kind::LayerNorm { cols, .. } => Kind::LayerNorm { rows: 3, cols: s(cols, 17) },
-            Kind::Conv { c, f, kernel, stride, groups, residual, act, .. } => {
-                let (c, f) = if groups == 1 { (s(c, 3), s(f, 4)) } else { (3, 3) };
-                Kind::Conv { c, hw: 9, f, kernel, stride, groups: if groups == 1 { 1 } else { 3 }, residual, act }
+            Kind::Dense {
+                m,
+                k,
+                n,
+                bias,
+                residual,
+                act,
+            } => Kind::Dense {
+                m: s(m, 5),
+                k: s(k, 19),
+                n: s(n, 7),
+                bias,
+                residual,
+                act,
+            },
+            Kind::Bmm { b, m, k, n } => Kind::Bmm {
+                b: s(b, 2),
+                m: s(m, 5),
+                k: s(k, 9),
+                n: s(n, 6),
+            },
+            Kind::Softmax { cols, .. } => Kind::Softmax {
+                rows: 3,
+                cols: s(cols, 17),
+            },
+            Kind::LayerNorm { cols, .. } => Kind::LayerNorm {
+                rows: 3,
+                cols: s(cols, 17),
+            },
+            Kind::Conv {
+                c,
+                f,
+                kernel,
+                stride,
+                groups,
+                residual,
+                act,
+                ..
+            } => {
+                let (c, f) = if groups == 1 {
+                    (s(c, 3), s(f, 4))
+                } else {
+                    (3, 3)
+                };
+                Kind::Conv {
+                    c,
+                    hw: 9,
+                    f,
+                    kernel,
+                    stride,
+                    groups: if groups == 1 { 1 } else { 3 },
+                    residual,
+                    act,
+                }
             }
         }
     }
@@ -154,14 +315,36 @@ impl Kind {
     /// The spec `peers.py` reads.
     fn spec(&self, name: &str) -> Value {
         match *self {
-            Kind::Dense { m, k, n, bias, residual, act } => json!({
+            Kind::Dense {
+                m,
+                k,
+                n,
+                bias,
+                residual,
+                act,
+            } => json!({
                 "name": name, "kind": "dense", "m": m, "k": k, "n": n,
                 "bias": bias, "residual": residual, "act": act.name(),
             }),
-            Kind::Bmm { b, m, k, n } => json!({"name": name, "kind": "bmm", "b": b, "m": m, "k": k, "n": n}),
-            Kind::Softmax { rows, cols } => json!({"name": name, "kind": "softmax", "rows": rows, "cols": cols}),
-            Kind::LayerNorm { rows, cols } => json!({"name": name, "kind": "layernorm", "rows": rows, "cols": cols}),
-            Kind::Conv { c, hw, f, kernel, stride, groups, residual, act } => json!({
+            Kind::Bmm { b, m, k, n } => {
+                json!({"name": name, "kind": "bmm", "b": b, "m": m, "k": k, "n": n})
+            }
+            Kind::Softmax { rows, cols } => {
+                json!({"name": name, "kind": "softmax", "rows": rows, "cols": cols})
+            }
+            Kind::LayerNorm { rows, cols } => {
+                json!({"name": name, "kind": "layernorm", "rows": rows, "cols": cols})
+            }
+            Kind::Conv {
+                c,
+                hw,
+                f,
+                kernel,
+                stride,
+                groups,
+                residual,
+                act,
+            } => json!({
                 "name": name, "kind": "conv", "c": c, "h": hw, "w": hw, "f": f, "kernel": kernel,
                 "stride": stride, "pad": Kind::pad(kernel), "groups": groups,
                 "residual": residual, "act": act.name(),
@@ -174,7 +357,14 @@ impl Kind {
         const F: DType = DType::F32;
         let mut g = GraphBuilder::new();
         match *self {
-            Kind::Dense { m, k, n, bias, residual, act } => {
+            Kind::Dense {
+                m,
+                k,
+                n,
+                bias,
+                residual,
+                act,
+            } => {
                 let x = g.input("x", &[m, k], F);
                 let w = g.input("w", &[k, n], F);
                 let b = bias.then(|| g.input("bias", &[n], F));
@@ -207,7 +397,16 @@ impl Kind {
                 let beta = g.input("beta", &[cols], F);
                 ops::layer_norm(&mut g, x, gamma, beta, 1e-5)?;
             }
-            Kind::Conv { c, hw, f, kernel, stride, groups, residual, act } => {
+            Kind::Conv {
+                c,
+                hw,
+                f,
+                kernel,
+                stride,
+                groups,
+                residual,
+                act,
+            } => {
                 let x = g.input("x", &[1, c, hw, hw], F);
                 let w = g.input("w", &[f, c / groups, kernel, kernel], F);
                 let bias = g.input("bias", &[f, 1, 1], F);
@@ -267,7 +466,12 @@ fn check_small(name: &str, kind: &Kind, dir: &Path) -> Result<f64, Error> {
     let got = interp::run(&graph, &refs).map_err(|e| format!("{name}: {e}"))?;
     let want = read_f32(&dir.join(format!("{name}.out.bin")))?;
     if got.len() != want.len() {
-        return Err(format!("{name}: harl's graph has {} outputs, the peer's {}", got.len(), want.len()).into());
+        return Err(format!(
+            "{name}: harl's graph has {} outputs, the peer's {}",
+            got.len(),
+            want.len()
+        )
+        .into());
     }
     Ok(got
         .iter()
@@ -295,31 +499,17 @@ pub fn run(o: &Options) -> Result<(), Error> {
     std::fs::write(&spec_path, serde_json::to_string_pretty(&specs)?)?;
     let check_dir = o.out.join("check");
     std::fs::create_dir_all(&check_dir)?;
-    let peers_path = o.out.join("peers.json");
-    let threads: Vec<String> = o.threads.iter().map(|t| t.to_string()).collect();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/peers.py");
-    eprintln!("peers: onnxruntime and numpy ({})", o.python);
-    let status = Command::new(&o.python)
-        .arg(&script)
-        .arg(&spec_path)
-        .arg(&peers_path)
-        .arg("--check-dir")
-        .arg(&check_dir)
-        .env("PEER_THREADS", threads.join(","))
-        // Older OpenBLAS builds need these on some CPUs; they slow a current numpy (see the
-        // machine notes), so the peer runs without them.
-        .env_remove("OPENBLAS_CORETYPE")
-        .env_remove("OPENBLAS_L2_SIZE")
-        .status()?;
-    if !status.success() {
-        return Err(format!("{} failed ({status}); it needs `pip install onnxruntime onnx numpy threadpoolctl`", script.display()).into());
-    }
-    let peers: Value = serde_json::from_str(&std::fs::read_to_string(&peers_path)?)?;
+    // The peers run before harl and again after it; each figure is the faster of the two, so
+    // a noisy phase of a shared machine counts against harl, not for it.
+    let first = run_peers(o, &spec_path, &o.out.join("peers-before.json"), &check_dir)?;
     let mut rows = Vec::new();
     for (name, kind) in &chosen {
         let err = check_small(name, kind, &check_dir)?;
         if err > 1e-4 {
-            return Err(format!("{name}: harl's graph differs from the peer's by {err:e} on the small twin").into());
+            return Err(format!(
+                "{name}: harl's graph differs from the peer's by {err:e} on the small twin"
+            )
+            .into());
         }
         let graph = kind.graph()?;
         let flops = graph.flops();
@@ -340,14 +530,17 @@ pub fn run(o: &Options) -> Result<(), Error> {
                         seed_default: true,
                     },
                 )?;
-                let best = tuned.tasks.first().and_then(harl_tune::tuner::best_candidate);
+                let best = tuned
+                    .tasks
+                    .first()
+                    .and_then(harl_tune::tuner::best_candidate);
                 if let Some((c, _)) = best {
                     // The winner re-timed beside the default, as the figures quoted are.
                     let [w, _] = measure_schedules(&graph, &c.schedule, t, 0)?;
                     row[format!("harl_tuned_{t}")] = json!(median(&w));
                 }
             }
-            let peer = &peers["kernels"][*name];
+            let peer = &first["kernels"][*name];
             for p in ["ort", "blas"] {
                 row[format!("{p}_{t}")] = peer[format!("{p}_{t}")].clone();
             }
@@ -355,19 +548,68 @@ pub fn run(o: &Options) -> Result<(), Error> {
         eprintln!("{row}");
         rows.push(row);
     }
-    let report = json!({"peers": peers, "rows": rows, "threads": o.threads, "trials": o.trials});
-    std::fs::write(o.out.join("models.json"), serde_json::to_string_pretty(&report)?)?;
+    let second = run_peers(o, &spec_path, &o.out.join("peers-after.json"), &check_dir)?;
+    for row in &mut rows {
+        for &t in &o.threads {
+            for p in ["ort", "blas"] {
+                let key = format!("{p}_{t}");
+                let after = second["kernels"][row["kernel"].as_str().unwrap_or("")][&key].as_f64();
+                let best = match (row[&key].as_f64(), after) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+                row[key] = json!(best);
+            }
+        }
+    }
+    let report =
+        json!({"peers": [first, second], "rows": rows, "threads": o.threads, "trials": o.trials});
+    std::fs::write(
+        o.out.join("models.json"),
+        serde_json::to_string_pretty(&report)?,
+    )?;
     for &t in &o.threads {
         print!("{}", table(&rows, t, o.trials.is_some()));
     }
     Ok(())
 }
 
+/// Runs `scripts/peers.py` on the specs (writing the small twins' data into `check_dir`) and
+/// returns what it measured.
+fn run_peers(o: &Options, spec_path: &Path, out: &Path, check_dir: &Path) -> Result<Value, Error> {
+    let threads: Vec<String> = o.threads.iter().map(|t| t.to_string()).collect();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/peers.py");
+    eprintln!("peers: onnxruntime and numpy ({})", o.python);
+    let status = Command::new(&o.python)
+        .arg(&script)
+        .arg(spec_path)
+        .arg(out)
+        .arg("--check-dir")
+        .arg(check_dir)
+        .env("PEER_THREADS", threads.join(","))
+        // Older OpenBLAS builds need these on some CPUs; they slow a current numpy (see the
+        // machine notes), so the peer runs without them.
+        .env_remove("OPENBLAS_CORETYPE")
+        .env_remove("OPENBLAS_L2_SIZE")
+        .status()?;
+    if !status.success() {
+        return Err(format!(
+            "{} failed ({status}); it needs `pip install onnxruntime onnx numpy threadpoolctl`",
+            script.display()
+        )
+        .into());
+    }
+    Ok(serde_json::from_str(&std::fs::read_to_string(out)?)?)
+}
+
 /// One thread count's table: GFLOP/s of harl (default, tuned) and the peers, harl's best over
 /// the best peer, and the geomean of those ratios.
 fn table(rows: &[Value], t: usize, tuned: bool) -> String {
     let gf = |row: &Value, key: String| {
-        row[&key].as_f64().filter(|s| *s > 0.0).map(|s| row["flops"].as_f64().unwrap_or(0.0) / s / 1e9)
+        row[&key]
+            .as_f64()
+            .filter(|s| *s > 0.0)
+            .map(|s| row["flops"].as_f64().unwrap_or(0.0) / s / 1e9)
     };
     let cell = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
     let mut out = format!(
@@ -382,7 +624,10 @@ fn table(rows: &[Value], t: usize, tuned: bool) -> String {
         let tu = gf(row, format!("harl_tuned_{t}"));
         let ort = gf(row, format!("ort_{t}"));
         let blas = gf(row, format!("blas_{t}"));
-        let peer = ort.into_iter().chain(blas).fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))));
+        let peer = ort
+            .into_iter()
+            .chain(blas)
+            .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))));
         let ratio = |h: Option<f64>| match (h, peer) {
             (Some(h), Some(p)) => Some(h / p),
             _ => None,
@@ -398,16 +643,34 @@ fn table(rows: &[Value], t: usize, tuned: bool) -> String {
             "| {} | {} | {}{} | {} | {} |{}\n",
             row["kernel"].as_str().unwrap_or("?"),
             cell(d),
-            if tuned { format!("{} | ", cell(tu)) } else { String::new() },
+            if tuned {
+                format!("{} | ", cell(tu))
+            } else {
+                String::new()
+            },
             cell(ort),
             cell(blas),
             r(ratio(d)),
-            if tuned { format!(" {} |", r(ratio(tu))) } else { String::new() },
+            if tuned {
+                format!(" {} |", r(ratio(tu)))
+            } else {
+                String::new()
+            },
         ));
     }
-    let geo = |v: &[f64]| if v.is_empty() { "-".to_string() } else { format!("{:.2}x", (v.iter().sum::<f64>() / v.len() as f64).exp()) };
+    let geo = |v: &[f64]| {
+        if v.is_empty() {
+            "-".to_string()
+        } else {
+            format!("{:.2}x", (v.iter().sum::<f64>() / v.len() as f64).exp())
+        }
+    };
     out.push_str(&if tuned {
-        format!("| geomean | | | | | {} | {} |\n", geo(&logs_d), geo(&logs_t))
+        format!(
+            "| geomean | | | | | {} | {} |\n",
+            geo(&logs_d),
+            geo(&logs_t)
+        )
     } else {
         format!("| geomean | | | | {} |\n", geo(&logs_d))
     });

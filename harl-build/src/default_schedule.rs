@@ -190,7 +190,7 @@ pub fn plan_tiles(graph: &Graph, s: usize, target: &CpuTarget) -> Option<TilePla
             let cap = target.acc_registers * lanes;
             (lanes..=cap)
                 .rev()
-                .find(|&d| ext[vec_axis] % d == 0 && d % lanes == 0)
+                .find(|&d| ext[vec_axis].is_multiple_of(d) && d.is_multiple_of(lanes))
                 .unwrap_or_else(|| largest_divisor_at_most(ext[vec_axis], cap))
         }
     };
