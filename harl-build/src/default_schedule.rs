@@ -8,7 +8,7 @@
 //! outer spatial loops fused and run in parallel.
 
 use crate::schedule::{Schedule, Step};
-use harl_te::{Expr, Graph, TensorRef};
+use harl_te::{BinaryOp, DType, Expr, Graph, TensorRef};
 
 pub use crate::target::CpuTarget;
 
@@ -18,20 +18,25 @@ pub fn default_schedule(graph: &Graph, target: &CpuTarget) -> Schedule {
     // stages that each read the previous one twice) keeps that stage materialised instead;
     // each round refuses a new stage, so this ends.
     let mut keep = vec![false; graph.stages.len()];
+    let mut lanes = true;
     loop {
-        let schedule = plan(graph, target, &keep);
+        let schedule = plan(graph, target, &keep, lanes);
         match crate::lower::lower(graph, &schedule) {
             Err(crate::lower::ScheduleError::Step {
                 step: Step::ComputeInline { stage },
                 ..
             }) if keep.get(stage) == Some(&false) => keep[stage] = true,
+            // Vector-lane reductions are an optimisation: a graph where they do not lower
+            // keeps the plain reductions.
+            Err(_) if lanes => lanes = false,
             _ => return schedule,
         }
     }
 }
 
-/// The default schedule with the stages in `keep` never inlined.
-fn plan(graph: &Graph, target: &CpuTarget, keep: &[bool]) -> Schedule {
+/// The default schedule with the stages in `keep` never inlined, and row reductions split into
+/// vector lanes when `lanes`.
+fn plan(graph: &Graph, target: &CpuTarget, keep: &[bool], lanes: bool) -> Schedule {
     let mut steps = Vec::new();
     let Some(last) = graph.stages.len().checked_sub(1) else {
         return Schedule { steps };
@@ -62,14 +67,19 @@ fn plan(graph: &Graph, target: &CpuTarget, keep: &[bool]) -> Schedule {
         out
     };
     let mut attached = vec![false; graph.stages.len()];
+    let mut rfactored: Vec<(usize, usize)> = Vec::new();
     for s in 0..graph.stages.len() {
         if inlined[s] || attached[s] {
             continue;
         }
         let stage = &graph.stages[s];
+        // A row reduction (its reduction walks memory, nothing walks the output's last axis
+        // contiguously in its place) splits into vector lanes; other reductions are tiled.
+        let lanes = row_reduction_lanes(graph, s, target).filter(|_| lanes);
         let tiled = stage
             .reduce
             .as_ref()
+            .filter(|_| lanes.is_none())
             .and_then(|_| plan_tiles(graph, s, target))
             .map(|plan| emit_tiled(&mut steps, graph, s, &plan));
         match tiled {
@@ -88,10 +98,138 @@ fn plan(graph: &Graph, target: &CpuTarget, keep: &[bool]) -> Schedule {
                     }
                 }
             }
-            None => emit_simple(&mut steps, graph, s, target),
+            None => match lanes {
+                Some(factor) => {
+                    rfactored.push((s, factor));
+                    // The final reduction over the lanes: rows in parallel.
+                    if stage.n_spatial() >= 1 && stage.size() >= 64 {
+                        steps.push(Step::Parallel { stage: s, at: 0 });
+                    }
+                }
+                None => emit_simple(&mut steps, graph, s, target),
+            },
         }
     }
-    Schedule { steps }
+    if rfactored.is_empty() {
+        return Schedule { steps };
+    }
+    // Each rfactor inserts its partial stage before the stage: the rfactors first (their own
+    // indices counting the earlier ones), every other step with its stage indices moved past
+    // them, then the partial stages' steps.
+    let inserted: Vec<usize> = rfactored.iter().map(|(r, _)| *r).collect();
+    let new_index = |s: usize| s + inserted.iter().filter(|&&r| r <= s).count();
+    let mut out: Vec<Step> = rfactored
+        .iter()
+        .enumerate()
+        .map(|(k, &(r, factor))| Step::Rfactor {
+            stage: r + k,
+            factor,
+        })
+        .collect();
+    out.extend(steps.into_iter().map(|step| renumber(step, &new_index)));
+    for (k, &(r, _)) in rfactored.iter().enumerate() {
+        // The partial stage's loops are [spatial..., lane, reduce]: the reduction goes outside
+        // the lane, which is innermost and vectorised, each lane its own accumulator.
+        let p = r + k;
+        let ns = graph.stages[r].n_spatial();
+        let order: Vec<usize> = (0..ns).chain([ns + 1, ns]).collect();
+        out.push(Step::Reorder { stage: p, order });
+        if ns >= 1 {
+            out.push(Step::Parallel { stage: p, at: 0 });
+        }
+        out.push(Step::Vectorize {
+            stage: p,
+            at: ns + 1,
+        });
+    }
+    Schedule { steps: out }
+}
+
+/// A row reduction that vectorises by splitting its reduction into vector lanes (rfactor):
+/// one reduce axis, walked contiguously (unit stride in the last index of every load that
+/// uses it) and long enough; returns the lane count. A float reduction along its own axis does
+/// not vectorise otherwise (the compiler may not reorder float sums); softmax's and layer
+/// norm's row sums are such reductions.
+fn row_reduction_lanes(graph: &Graph, s: usize, target: &CpuTarget) -> Option<usize> {
+    let stage = &graph.stages[s];
+    let r = stage.reduce.as_ref()?;
+    if r.extents.len() != 1 {
+        return None;
+    }
+    let ns = stage.n_spatial();
+    let n_axes = ns + 1;
+    let lanes = (target.vector_bytes / elem_bytes(stage.dtype)).max(1);
+    let extent = r.extents[0];
+    if extent < 4 * lanes || !extent.is_multiple_of(lanes) {
+        return None;
+    }
+    let step = |e: &Expr| -> Option<i64> {
+        let mut vals = vec![0i64; n_axes];
+        let base = eval_affine(e, &vals)?;
+        vals[ns] = 1;
+        eval_affine(e, &vals)?.checked_sub(base)
+    };
+    let mut contiguous = true;
+    let mut walked = false;
+    stage.body.visit(&mut |e| {
+        if let Expr::Load(_, idx) = e {
+            let Some((last, rest)) = idx.split_last() else {
+                return;
+            };
+            if rest.iter().any(|i| uses_axis(i, ns)) {
+                contiguous = false;
+            }
+            if uses_axis(last, ns) {
+                walked = true;
+                contiguous &= step(last) == Some(1);
+            }
+        }
+    });
+    (contiguous && walked).then_some(lanes)
+}
+
+/// An integer index expression's value at axis values `vals`: sums, differences and products
+/// of constants and axes; `None` for anything else.
+fn eval_affine(e: &Expr, vals: &[i64]) -> Option<i64> {
+    match e {
+        Expr::Const(v, DType::I32) => Some(*v as i64),
+        Expr::Axis(a) => vals.get(*a).copied(),
+        Expr::Binary(op, x, y) => {
+            let (x, y) = (eval_affine(x, vals)?, eval_affine(y, vals)?);
+            match op {
+                BinaryOp::Add => x.checked_add(y),
+                BinaryOp::Sub => x.checked_sub(y),
+                BinaryOp::Mul => x.checked_mul(y),
+                _ => None,
+            }
+        }
+        _ => None,
+    }
+}
+
+/// `step` with its stage indices mapped by `f`.
+fn renumber(step: Step, f: &dyn Fn(usize) -> usize) -> Step {
+    let mut step = step;
+    match &mut step {
+        Step::Split { stage, .. }
+        | Step::Reorder { stage, .. }
+        | Step::Fuse { stage, .. }
+        | Step::ComputeInline { stage }
+        | Step::CacheWrite { stage, .. }
+        | Step::Rfactor { stage, .. }
+        | Step::CacheRead { stage, .. }
+        | Step::Parallel { stage, .. }
+        | Step::Vectorize { stage, .. }
+        | Step::Unroll { stage, .. }
+        | Step::SharedRead { stage, .. }
+        | Step::BindBlock { stage, .. }
+        | Step::BindThread { stage, .. } => *stage = f(*stage),
+        Step::ComputeAt { stage, target, .. } => {
+            *stage = f(*stage);
+            *target = f(*target);
+        }
+    }
+    step
 }
 
 fn has_select(e: &Expr) -> bool {

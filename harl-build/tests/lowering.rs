@@ -271,3 +271,31 @@ fn cache_read_copies_an_input_in_a_new_layout() {
     };
     assert!(lower(&g, &late).is_err());
 }
+
+/// Row reductions (softmax's max and sum, layer norm's mean and variance) split into vector
+/// lanes by the default schedule, and still compute what the interpreter computes; matmuls,
+/// whose reduction does not walk every operand contiguously, are tiled instead.
+#[test]
+fn default_row_reductions_split_into_lanes_and_match() {
+    use harl_te::ops::workloads as w;
+    let target = CpuTarget::host();
+    for g in [
+        w::softmax(6, 256).expect("softmax"),
+        w::layer_norm(3, 512).expect("layer_norm"),
+    ] {
+        let s = default_schedule(&g, &target);
+        let rfactors = s
+            .steps
+            .iter()
+            .filter(|st| matches!(st, harl_build::schedule::Step::Rfactor { .. }))
+            .count();
+        assert_eq!(rfactors, 2, "{:?}", s.steps);
+        check(&g, &s, 5);
+    }
+    let mm = w::matmul(4, 256, 32).expect("matmul");
+    let s = default_schedule(&mm, &target);
+    assert!(!s
+        .steps
+        .iter()
+        .any(|st| matches!(st, harl_build::schedule::Step::Rfactor { .. })));
+}
