@@ -215,7 +215,13 @@ fn tune_one(
         ..TuneOutcome::default()
     };
     let threads = threads(manifest, options);
-    let mut config = MeasureConfig::new(manifest.gen_dir.join("measure"), harl_root);
+    // Beside the generated code, not in it (`OUT_DIR/harl-measure`, where builds always kept
+    // it): the workers' release build of harl and rayon is reused across tunes.
+    let work_dir = manifest.gen_dir.parent().map_or_else(
+        || manifest.gen_dir.join("measure"),
+        |out| out.join("harl-measure"),
+    );
+    let mut config = MeasureConfig::new(work_dir, harl_root);
     config.threads = threads;
     config.seed = options.seed;
     let mut measurer = match Measurer::new(config) {
