@@ -44,14 +44,13 @@ def inputs_of(spec, rng):
     if k == "conv":
         cg = spec["c"] // spec["groups"]
         xs = [
-            r(1, spec["c"], spec["h"], spec["w"]),
+            r(1, spec["c"], spec["hw"], spec["hw"]),
             r(spec["f"], cg, spec["kernel"], spec["kernel"]) * np.float32(1.0 / np.sqrt(cg * spec["kernel"] ** 2)),
             r(spec["f"]),
         ]
         if spec["residual"]:
-            oh = (spec["h"] + 2 * spec["pad"] - spec["kernel"]) // spec["stride"] + 1
-            ow = (spec["w"] + 2 * spec["pad"] - spec["kernel"]) // spec["stride"] + 1
-            xs.append(r(1, spec["f"], oh, ow))
+            o = (spec["hw"] + 2 * (spec["kernel"] // 2) - spec["kernel"]) // spec["stride"] + 1
+            xs.append(r(1, spec["f"], o, o))
         return xs
     raise ValueError(f"unknown kind {k}")
 
@@ -104,7 +103,7 @@ def model_of(spec, xs):
         y = node("LayerNormalization", [inp("x", xs[0]), init("gamma", xs[1]), init("beta", xs[2])],
                  axis=-1, epsilon=1e-5)
     elif k == "conv":
-        p = spec["pad"]
+        p = spec["kernel"] // 2
         y = node("Conv", [inp("x", xs[0]), init("w", xs[1]), init("bias", xs[2])],
                  group=spec["groups"], strides=[spec["stride"]] * 2, pads=[p, p, p, p],
                  kernel_shape=[spec["kernel"]] * 2)

@@ -63,7 +63,7 @@ fn measure_config(threads: usize, seed: u64) -> MeasureConfig {
     config
 }
 
-pub fn measurer(threads: usize, seed: u64) -> Result<Measurer, Error> {
+fn measurer(threads: usize, seed: u64) -> Result<Measurer, Error> {
     Ok(Measurer::new(measure_config(threads, seed))?)
 }
 

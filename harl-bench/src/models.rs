@@ -42,8 +42,9 @@ pub struct Options {
     pub python: String,
 }
 
-/// What a kernel computes; sizes as in the model.
-#[derive(Clone, Debug)]
+/// What a kernel computes; sizes as in the model (convolutions pad `kernel / 2`).
+#[derive(Clone, Debug, serde::Serialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
 enum Kind {
     Dense {
         m: usize,
@@ -79,23 +80,13 @@ enum Kind {
     },
 }
 
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 enum Act {
     None,
     Relu,
     Relu6,
     Gelu,
-}
-
-impl Act {
-    fn name(self) -> &'static str {
-        match self {
-            Act::None => "none",
-            Act::Relu => "relu",
-            Act::Relu6 => "relu6",
-            Act::Gelu => "gelu",
-        }
-    }
 }
 
 fn dense(m: usize, k: usize, n: usize, bias: bool, residual: bool, act: Act) -> Kind {
@@ -314,44 +305,11 @@ impl Kind {
         kernel / 2
     }
 
-    /// The spec `peers.py` reads.
+    /// The spec `peers.py` reads: the kind's fields, tagged, and the kernel's name.
     fn spec(&self, name: &str) -> Value {
-        match *self {
-            Kind::Dense {
-                m,
-                k,
-                n,
-                bias,
-                residual,
-                act,
-            } => json!({
-                "name": name, "kind": "dense", "m": m, "k": k, "n": n,
-                "bias": bias, "residual": residual, "act": act.name(),
-            }),
-            Kind::Bmm { b, m, k, n } => {
-                json!({"name": name, "kind": "bmm", "b": b, "m": m, "k": k, "n": n})
-            }
-            Kind::Softmax { rows, cols } => {
-                json!({"name": name, "kind": "softmax", "rows": rows, "cols": cols})
-            }
-            Kind::LayerNorm { rows, cols } => {
-                json!({"name": name, "kind": "layernorm", "rows": rows, "cols": cols})
-            }
-            Kind::Conv {
-                c,
-                hw,
-                f,
-                kernel,
-                stride,
-                groups,
-                residual,
-                act,
-            } => json!({
-                "name": name, "kind": "conv", "c": c, "h": hw, "w": hw, "f": f, "kernel": kernel,
-                "stride": stride, "pad": Kind::pad(kernel), "groups": groups,
-                "residual": residual, "act": act.name(),
-            }),
-        }
+        let mut v = serde_json::to_value(self).unwrap_or(Value::Null);
+        v["name"] = json!(name);
+        v
     }
 
     /// harl's graph of the kernel, inputs in the order `peers.py` writes them.
@@ -371,18 +329,19 @@ impl Kind {
                 let w = g.input("w", &[k, n], F);
                 let b = bias.then(|| g.input("bias", &[n], F));
                 let r = residual.then(|| g.input("residual", &[m, n], F));
+                // Without a residual add, GELU and ReLU fuse into the dense op's epilogue.
                 let fused = match (act, r) {
                     (Act::Gelu, None) => Activation::Gelu,
                     (Act::Relu, None) => Activation::Relu,
                     _ => Activation::None,
                 };
-                let mut y = ops::dense(&mut g, x, w, b, fused)?;
-                if let Some(r) = r {
-                    y = ops::add(&mut g, y, r)?;
-                }
-                if r.is_some() || act == Act::Relu6 {
-                    activation(&mut g, y, act)?;
-                }
+                let y = ops::dense(&mut g, x, w, b, fused)?;
+                let rest = if fused == Activation::None {
+                    act
+                } else {
+                    Act::None
+                };
+                epilogue(&mut g, y, r, rest)?;
             }
             Kind::Bmm { b, m, k, n } => {
                 let a = g.input("a", &[b, m, k], F);
@@ -420,20 +379,26 @@ impl Kind {
                     dilation: (1, 1),
                     groups,
                 };
-                let mut y = ops::conv2d(&mut g, x, w, p)?;
-                y = ops::add(&mut g, y, bias)?;
-                if let Some(r) = r {
-                    y = ops::add(&mut g, y, r)?;
-                }
-                activation(&mut g, y, act)?;
+                let y = ops::conv2d(&mut g, x, w, p)?;
+                let y = ops::add(&mut g, y, bias)?;
+                epilogue(&mut g, y, r, act)?;
             }
         }
         Ok(g.finish()?)
     }
 }
 
-/// Adds the activation's stage (none for `Act::None`).
-fn activation(g: &mut GraphBuilder, y: harl_te::TensorRef, act: Act) -> Result<(), Error> {
+/// The residual add, if any, then the activation's stage, as the models order them.
+fn epilogue(
+    g: &mut GraphBuilder,
+    y: harl_te::TensorRef,
+    residual: Option<harl_te::TensorRef>,
+    act: Act,
+) -> Result<(), Error> {
+    let y = match residual {
+        Some(r) => ops::add(g, y, r)?,
+        None => y,
+    };
     match act {
         Act::None => {}
         Act::Relu => {

@@ -8,7 +8,7 @@
 //! outer spatial loops fused and run in parallel.
 
 use crate::schedule::{Schedule, Step};
-use harl_te::{BinaryOp, DType, Expr, Graph, TensorRef};
+use harl_te::{Expr, Graph, TensorRef};
 
 pub use crate::target::CpuTarget;
 
@@ -163,12 +163,7 @@ fn row_reduction_lanes(graph: &Graph, s: usize, target: &CpuTarget) -> Option<us
     if extent < 4 * lanes || !extent.is_multiple_of(lanes) {
         return None;
     }
-    let step = |e: &Expr| -> Option<i64> {
-        let mut vals = vec![0i64; n_axes];
-        let base = eval_affine(e, &vals)?;
-        vals[ns] = 1;
-        eval_affine(e, &vals)?.checked_sub(base)
-    };
+
     let mut contiguous = true;
     let mut walked = false;
     stage.body.visit(&mut |e| {
@@ -181,30 +176,11 @@ fn row_reduction_lanes(graph: &Graph, s: usize, target: &CpuTarget) -> Option<us
             }
             if uses_axis(last, ns) {
                 walked = true;
-                contiguous &= step(last) == Some(1);
+                contiguous &= last.stride(ns, n_axes) == Some(1);
             }
         }
     });
     (contiguous && walked).then_some(lanes)
-}
-
-/// An integer index expression's value at axis values `vals`: sums, differences and products
-/// of constants and axes; `None` for anything else.
-fn eval_affine(e: &Expr, vals: &[i64]) -> Option<i64> {
-    match e {
-        Expr::Const(v, DType::I32) => Some(*v as i64),
-        Expr::Axis(a) => vals.get(*a).copied(),
-        Expr::Binary(op, x, y) => {
-            let (x, y) = (eval_affine(x, vals)?, eval_affine(y, vals)?);
-            match op {
-                BinaryOp::Add => x.checked_add(y),
-                BinaryOp::Sub => x.checked_sub(y),
-                BinaryOp::Mul => x.checked_mul(y),
-                _ => None,
-            }
-        }
-        _ => None,
-    }
 }
 
 /// `step` with its stage indices mapped by `f`.

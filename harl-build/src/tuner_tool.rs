@@ -24,10 +24,7 @@ pub fn find_tuner() -> Option<PathBuf> {
         .into_iter()
         .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
         .map(|dir| dir.join(&exe));
-    let cargo_home = std::env::var_os("CARGO_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))
-        .map(|home| home.join("bin").join(&exe));
+    let cargo_home = crate::builder::cargo_home().map(|home| home.join("bin").join(&exe));
     on_path.chain(cargo_home).find(|p| p.is_file())
 }
 

@@ -215,6 +215,40 @@ impl Expr {
         self.unary(UnaryOp::Exp)
     }
 
+    /// The value of an integer index expression at the given axis values (`None` if it is not
+    /// a plain integer expression, or overflows).
+    pub fn eval_int(&self, vals: &[i64]) -> Option<i64> {
+        Some(match self {
+            Expr::Const(c, _) => *c as i64,
+            Expr::Axis(v) => *vals.get(*v)?,
+            Expr::Unary(UnaryOp::Neg, a) => a.eval_int(vals)?.checked_neg()?,
+            Expr::Binary(op, a, b) => {
+                let (x, y) = (a.eval_int(vals)?, b.eval_int(vals)?);
+                match op {
+                    BinaryOp::Add => x.checked_add(y)?,
+                    BinaryOp::Sub => x.checked_sub(y)?,
+                    BinaryOp::Mul => x.checked_mul(y)?,
+                    BinaryOp::Div => x.checked_div(y)?,
+                    BinaryOp::Rem => x.checked_rem(y)?,
+                    BinaryOp::Min => x.min(y),
+                    BinaryOp::Max => x.max(y),
+                    BinaryOp::And | BinaryOp::Or => return None,
+                }
+            }
+            Expr::Cast(DType::I32, a) => a.eval_int(vals)?,
+            _ => return None,
+        })
+    }
+
+    /// How much an index expression of a stage with `n_axes` axes moves when axis `axis` goes
+    /// from 0 to 1, the others at 0: its stride along that axis if it is affine in it.
+    pub fn stride(&self, axis: usize, n_axes: usize) -> Option<i64> {
+        let mut vals = vec![0i64; n_axes];
+        let base = self.eval_int(&vals)?;
+        *vals.get_mut(axis)? = 1;
+        self.eval_int(&vals)?.checked_sub(base)
+    }
+
     /// Calls `f` on every sub-expression, parents before children.
     pub fn visit(&self, f: &mut impl FnMut(&Expr)) {
         f(self);

@@ -703,7 +703,7 @@ impl<'a> Walker<'a> {
                 *v = i64::from(one);
             }
             for (lv, value) in &self.lets {
-                let x = eval_int(value, &vals)?;
+                let x = value.eval_int(&vals)?;
                 if let Some(v) = vals.get_mut(*lv) {
                     *v = x;
                 }
@@ -712,7 +712,7 @@ impl<'a> Walker<'a> {
             for (e, &n) in r.index.iter().zip(&r.shape) {
                 flat = flat
                     .checked_mul(n as i64)?
-                    .checked_add(eval_int(e, &vals)?)?;
+                    .checked_add(e.eval_int(&vals)?)?;
             }
             Some(flat)
         };
@@ -814,32 +814,6 @@ struct AccessRaw {
     elem: f64,
     shape: Vec<usize>,
     index: Vec<Expr>,
-}
-
-/// Evaluates an integer index expression (`None` if it is not plain index arithmetic).
-/// The value of an integer index expression at the given axis values (`None` if it is not
-/// a plain integer expression or overflows).
-pub(crate) fn eval_int(e: &Expr, vals: &[i64]) -> Option<i64> {
-    Some(match e {
-        Expr::Const(c, _) => *c as i64,
-        Expr::Axis(v) => *vals.get(*v)?,
-        Expr::Unary(UnaryOp::Neg, a) => eval_int(a, vals)?.checked_neg()?,
-        Expr::Binary(op, a, b) => {
-            let (x, y) = (eval_int(a, vals)?, eval_int(b, vals)?);
-            match op {
-                BinaryOp::Add => x.checked_add(y)?,
-                BinaryOp::Sub => x.checked_sub(y)?,
-                BinaryOp::Mul => x.checked_mul(y)?,
-                BinaryOp::Div => x.checked_div(y)?,
-                BinaryOp::Rem => x.checked_rem(y)?,
-                BinaryOp::Min => x.min(y),
-                BinaryOp::Max => x.max(y),
-                BinaryOp::And | BinaryOp::Or => return None,
-            }
-        }
-        Expr::Cast(DType::I32, a) => eval_int(a, vals)?,
-        _ => return None,
-    })
 }
 
 /// One buffer over all statements.

@@ -141,10 +141,12 @@ pub fn has_exact_record(manifest: &Manifest, kernel: &ManifestKernel) -> bool {
         })
 }
 
-/// Tunes the selected kernels in turn. A kernel whose tune fails is an outcome with a note, not
+/// Tunes `kernels` (what [`select`] chose) in turn, and with GPU code the shard's GPU kernels
+/// too. A kernel whose tune fails is an outcome with a note, not
 /// an error: the others go on.
 pub fn run(
     manifest: &Manifest,
+    kernels: &[&ManifestKernel],
     options: &JobOptions,
     progress: &mut dyn Progress,
 ) -> Result<Vec<TuneOutcome>, JobError> {
@@ -153,13 +155,14 @@ pub fn run(
     }
     let mut outcomes = Vec::new();
     if manifest.cuda {
+        // GPU records are per device, which only the GPU measurer knows: every kernel of the
+        // shard goes to tune_gpu, which skips those with a record for this device.
         let mut all = options.clone();
         all.force = true;
         for kernel in select(manifest, &all)? {
             outcomes.extend(tune_gpu(manifest, kernel, options));
         }
     }
-    let kernels = select(manifest, options)?;
     if kernels.is_empty() {
         return Ok(outcomes);
     }
@@ -167,7 +170,7 @@ pub fn run(
         .harl_root
         .clone()
         .ok_or_else(|| JobError::NoHarl(manifest.package.clone()))?;
-    for kernel in kernels {
+    for &kernel in kernels {
         progress.start(&kernel.name, options.trials);
         let outcome = tune_one(manifest, kernel, &harl_root, options, progress);
         progress.finish(&outcome);
@@ -532,18 +535,20 @@ impl Measure for TrialLog<'_> {
     }
 
     fn measure(&mut self, graph: &Graph, schedules: &[Schedule]) -> Vec<Result<f64, String>> {
-        let keys: Vec<Option<String>> = schedules
+        // What an earlier run logged for each schedule; the rest is measured, in one batch.
+        let logged: Vec<Option<Result<f64, String>>> = schedules
             .iter()
-            .map(|s| serde_json::to_string(s).ok())
-            .collect();
-        let missing: Vec<usize> = (0..schedules.len())
-            .filter(|&i| {
-                keys[i]
-                    .as_ref()
-                    .is_none_or(|k| !self.replay.contains_key(k))
+            .map(|s| {
+                let key = serde_json::to_string(s).ok()?;
+                self.replay.get(&key).cloned()
             })
             .collect();
-        let fresh: Vec<Schedule> = missing.iter().map(|&i| schedules[i].clone()).collect();
+        let fresh: Vec<Schedule> = schedules
+            .iter()
+            .zip(&logged)
+            .filter(|(_, l)| l.is_none())
+            .map(|(s, _)| s.clone())
+            .collect();
         let mut measured = if fresh.is_empty() {
             Vec::new()
         } else {
@@ -551,13 +556,12 @@ impl Measure for TrialLog<'_> {
         }
         .into_iter();
         let mut results = Vec::with_capacity(schedules.len());
-        for (i, schedule) in schedules.iter().enumerate() {
-            let result = match keys[i].as_ref().and_then(|k| self.replay.get(k)) {
-                Some(r) if !missing.contains(&i) => r.clone(),
-                _ => measured
+        for (schedule, logged) in schedules.iter().zip(logged) {
+            let result = logged.unwrap_or_else(|| {
+                measured
                     .next()
-                    .unwrap_or_else(|| Err("the measurer returned too few results".into())),
-            };
+                    .unwrap_or_else(|| Err("the measurer returned too few results".into()))
+            });
             self.write_line(&LogTrial {
                 schedule: schedule.clone(),
                 latency_s: result.as_ref().ok().copied(),

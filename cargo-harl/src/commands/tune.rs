@@ -147,7 +147,7 @@ pub fn run(args: TuneArgs) -> Result<ExitCode, TuneError> {
             continue;
         }
         let mut live = Live::new(todo.len());
-        outcomes.extend(job::run(manifest, &options, &mut live)?);
+        outcomes.extend(job::run(manifest, &todo, &options, &mut live)?);
     }
     if let Some(path) = &args.results {
         let text = serde_json::to_string(&outcomes).unwrap_or_else(|_| "[]".into());

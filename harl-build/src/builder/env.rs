@@ -61,13 +61,18 @@ impl BuildEnv {
     }
 }
 
+/// Cargo's home: `CARGO_HOME`, else `~/.cargo`.
+pub(crate) fn cargo_home() -> Option<PathBuf> {
+    std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))
+}
+
 /// Whether this build belongs to a crate the user does not own: one unpacked from a registry
 /// or checked out by cargo (under `CARGO_HOME`), or vendored (`cargo vendor` writes
 /// `.cargo-checksum.json`); or whether its cache directory lies under `CARGO_HOME`.
 fn is_third_party(cache_dir: &Path) -> bool {
-    let cargo_home = std::env::var_os("CARGO_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")));
+    let cargo_home = cargo_home();
     let canonical = |p: &Path| {
         // A path that does not exist yet (a cache dir to create) is compared through its
         // nearest existing ancestor.

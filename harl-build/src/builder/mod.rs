@@ -9,6 +9,7 @@
 //! `harl::include_kernels!()`.
 
 mod env;
+pub(crate) use env::cargo_home;
 mod gpu;
 mod select;
 mod tune;

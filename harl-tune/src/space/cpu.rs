@@ -40,7 +40,6 @@
 //! moves and mutations never return such a no-op). The knobs only choose among legal structures:
 //! a [`Params`] that [`Sketch::to_schedule`] accepts always lowers.
 
-use crate::features::eval_int;
 use harl_build::default_schedule::{guarded_axes, plan_tiles, CpuTarget};
 use harl_build::lower::{lower, ScheduleError, MAX_ACC_ELEMS, MAX_UNROLL};
 use harl_build::rng::Rng;
@@ -1330,12 +1329,7 @@ fn layout_choice(graph: &Graph, s: usize) -> Option<Layout> {
     let ns = stage.n_spatial();
     let last = ns.checked_sub(1)?;
     let n_axes = stage.axis_extents().len();
-    let step = |e: &Expr, a: usize| -> Option<i64> {
-        let mut vals = vec![0i64; n_axes];
-        let base = eval_int(e, &vals)?;
-        vals[a] = 1;
-        eval_int(e, &vals)?.checked_sub(base)
-    };
+    let step = |e: &Expr, a: usize| e.stride(a, n_axes);
     let mut loads = Vec::new();
     stage.body.visit(&mut |e| {
         if let Expr::Load(t, idx) = e {
