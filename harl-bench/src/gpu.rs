@@ -3,21 +3,26 @@
 //!
 //! ```text
 //! harl-bench gpu --workload W --trials N --seed K --out DIR [--batch B] [--record CACHE_DIR]
-//!                [--strategy sampling|harl]
+//!                [--strategy harl|ansor|autotvm|random]
 //! ```
 //!
-//! The search is [`harl_tune::tuner::gpu`] (the one `build.rs` runs): each round ranks
-//! 512 samples and mutations of the best measured schedules with the XGBoost model and measures
-//! the best `B` (a quarter of them random); the default GPU schedule is measured first. (HARL's
-//! parameter agent works on the CPU sketch's parameters; moving it to the GPU sketch is the
-//! next step.) Writes `DIR/summary.json` and `DIR/curve.csv` like `tune`.
+//! The search is the tuning loop `cargo harl tune` runs, over the GPU sketch space
+//! ([`harl_tune::space::GpuSpace`]) with any of the CPU search's strategies and the XGBoost
+//! model; the default GPU schedule is measured first. Writes `DIR/summary.json` and
+//! `DIR/curve.csv` like `tune`.
 //! On a machine without a GPU, CUDA driver or NVRTC it fails with the reason.
 
 use crate::suite;
 use crate::Error;
-use harl_build::gpu_sketch::GpuSketch;
+use harl_build::schedule::Schedule;
+use harl_te::Graph;
+use harl_tune::cost_model::XgbModel;
 use harl_tune::measure::gpu::{GpuMeasureConfig, GpuMeasurer};
-use harl_tune::tuner::gpu::{self as gpu_search, GpuSearchOptions, GpuStrategy};
+use harl_tune::measure::Measure;
+use harl_tune::space::GpuSpace;
+use harl_tune::strategy::{strategy_by_name, TaskState, STRATEGY_NAMES};
+use harl_tune::task_scheduler::RoundRobin;
+use harl_tune::tuner::{best_candidate, default_latency, tune_states, TuneOptions};
 use serde_json::json;
 use std::path::PathBuf;
 
@@ -42,16 +47,34 @@ pub struct Options {
     /// Append the best schedule to this tuning cache (`cuda-sm_XY.jsonl`).
     #[arg(long)]
     pub record: Option<PathBuf>,
-    /// `harl` (HARL's agent on the GPU sketch) or `sampling` (the default).
-    #[arg(long, default_value = "sampling", value_parser = gpu_strategy)]
-    pub strategy: GpuStrategy,
+    /// The search strategy, as `cargo harl tune --strategy`.
+    #[arg(long, default_value = "harl", value_parser = gpu_strategy)]
+    pub strategy: String,
 }
 
-fn gpu_strategy(s: &str) -> Result<GpuStrategy, String> {
-    match s {
-        "harl" => Ok(GpuStrategy::Harl),
-        "sampling" => Ok(GpuStrategy::Sampling),
-        other => Err(format!("unknown strategy `{other}` (harl, sampling)")),
+fn gpu_strategy(s: &str) -> Result<String, String> {
+    match strategy_by_name::<GpuSpace>(s, 0) {
+        Some(_) => Ok(s.to_string()),
+        None => Err(format!("unknown strategy `{s}` ({STRATEGY_NAMES})")),
+    }
+}
+
+/// The GPU measurer, printing each failed trial.
+struct Logged<'a> {
+    m: &'a mut GpuMeasurer,
+    trial: usize,
+}
+
+impl Measure for Logged<'_> {
+    fn measure(&mut self, graph: &Graph, schedules: &[Schedule]) -> Vec<Result<f64, String>> {
+        let results = self.m.measure(graph, schedules);
+        for r in &results {
+            self.trial += 1;
+            if let Err(e) = r {
+                eprintln!("  trial {}: {e}", self.trial);
+            }
+        }
+        results
     }
 }
 
@@ -60,7 +83,7 @@ pub fn run(o: &Options) -> Result<(), Error> {
     let workload = suite::resolve(&o.workload)?;
     let graph = suite::build(&workload.spec)?;
     let flops = graph.flops();
-    let sketch = GpuSketch::new(&graph).ok_or("invalid graph")?;
+    let space = GpuSpace::new(&graph).ok_or("the graph has no GPU schedule")?;
     let mut m = GpuMeasurer::new(GpuMeasureConfig {
         seed: o.seed,
         ..GpuMeasureConfig::default()
@@ -70,31 +93,39 @@ pub fn run(o: &Options) -> Result<(), Error> {
         "{}: tuning on {device} (compute capability {}.{})",
         workload.name, cc.0, cc.1
     );
-    let options = GpuSearchOptions {
-        strategy: o.strategy,
+    let options = TuneOptions {
         trials: o.trials,
         batch: o.batch,
+        time_budget: None,
         seed: o.seed,
+        seed_default: true,
     };
-    let mut trial = 0;
-    let result = gpu_search::search(&sketch, &options, &mut |schedule| {
-        trial += 1;
-        let r = m.measure_one(&graph, schedule);
-        if let Err(e) = &r {
-            eprintln!("  trial {trial}: {e}");
-        }
-        r
-    });
+    let mut strategy =
+        strategy_by_name::<GpuSpace>(&o.strategy, o.seed).ok_or("unknown strategy")?;
+    let task = harl_tune::task::Task::new(workload.name.clone(), graph.clone(), 1.0);
+    let result = tune_states(
+        vec![TaskState::with_space(task, space)],
+        &options,
+        strategy.as_mut(),
+        &mut RoundRobin::default(),
+        &mut XgbModel::with_seed(o.seed),
+        &mut Logged {
+            m: &mut m,
+            trial: 0,
+        },
+    );
     let mut curve = String::from("trial,best_latency_s,elapsed_s\n");
-    for (i, (b, t)) in result.curve().iter().zip(&result.trials).enumerate() {
-        if let Some(b) = b {
-            curve.push_str(&format!("{},{b:e},{:.3}\n", i + 1, t.elapsed_s));
-        }
+    for p in &result.curve {
+        curve.push_str(&format!(
+            "{},{:e},{:.3}\n",
+            p.trial, p.best_latency_s, p.elapsed_s
+        ));
     }
-    let best = result.best.as_ref().map(|(l, p, _)| (*l, p.clone()));
-    let default_latency = result.default_latency_s;
-    let n_trials = result.trials.len();
-    let failed = result
+    let state = result.tasks.first().ok_or("no task")?;
+    let best = best_candidate(state).map(|(c, l)| (l, c.params.clone(), c.schedule.clone()));
+    let default_latency = default_latency(state);
+    let n_trials = result.trials;
+    let failed = state
         .trials
         .iter()
         .filter(|t| t.latency_s.is_none())
@@ -104,7 +135,7 @@ pub fn run(o: &Options) -> Result<(), Error> {
         Some((mm, k, n)) => Some(cublas_gflops(&m, mm, k, n)?),
         None => None,
     };
-    let best_latency = best.as_ref().map(|(l, _)| *l);
+    let best_latency = best.as_ref().map(|(l, _, _)| *l);
     let gf = |l: Option<f64>| l.map(|l| flops / l / 1e9);
     let summary = json!({
         "workload": workload.name,
@@ -113,7 +144,7 @@ pub fn run(o: &Options) -> Result<(), Error> {
         "trials": n_trials,
         "failed_trials": failed,
         "seed": o.seed,
-        "strategy": format!("{:?}", o.strategy).to_lowercase(),
+        "strategy": o.strategy,
         "best_latency_s": best_latency,
         "gflops": gf(best_latency),
         "default_gflops": gf(default_latency),
@@ -121,7 +152,7 @@ pub fn run(o: &Options) -> Result<(), Error> {
         "trials_per_s": n_trials as f64 / wall.max(1e-9),
         "peer": if peer.is_some() { "cublas" } else { "none" },
         "peer_gflops": peer,
-        "best_params": best.as_ref().map(|(_, p)| serde_json::to_value(p).unwrap_or_default()),
+        "best_params": best.as_ref().map(|(_, p, _)| serde_json::to_value(p).unwrap_or_default()),
     });
     std::fs::create_dir_all(&o.out)?;
     std::fs::write(
@@ -129,8 +160,8 @@ pub fn run(o: &Options) -> Result<(), Error> {
         serde_json::to_string_pretty(&summary)? + "\n",
     )?;
     std::fs::write(o.out.join("curve.csv"), curve)?;
-    if let (Some(dir), Some((latency, params))) = (&o.record, &best) {
-        let schedule = sketch.to_schedule(params)?;
+    if let (Some(dir), Some((latency, _, schedule))) = (&o.record, &best) {
+        let schedule = schedule.clone();
         let record = harl_build::cache::Record::new(
             graph.workload_key(),
             workload.name.clone(),
@@ -220,10 +251,10 @@ mod tests {
         let o =
             parse(&["--workload", "gemm_1024", "--trials", "300", "--out", "d"]).expect("parses");
         assert_eq!((o.trials, o.batch, o.seed), (300, 32, 0));
-        assert_eq!(o.strategy, GpuStrategy::Sampling);
-        let h = parse(&["--workload", "gemm_128", "--strategy", "harl"]).expect("parses");
-        assert_eq!(h.strategy, GpuStrategy::Harl);
-        assert!(parse(&["--workload", "gemm_128", "--strategy", "ansor"]).is_err());
+        assert_eq!(o.strategy, "harl");
+        let h = parse(&["--workload", "gemm_128", "--strategy", "ansor"]).expect("parses");
+        assert_eq!(h.strategy, "ansor");
+        assert!(parse(&["--workload", "gemm_128", "--strategy", "sampling"]).is_err());
         assert!(parse(&["--trials", "3"]).is_err());
         assert!(parse(&["--workload", "gemm_128", "--trials", "0"]).is_err());
         assert!(parse(&["--workload"]).is_err());

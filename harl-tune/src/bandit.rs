@@ -18,7 +18,7 @@
 //! with size τ" of `X_t`, "the normalized maximal performance until each step"
 //! ([`Aggregate::Mean`]); [`Aggregate::Max`] (best reward in the window) is offered for the
 //! reading "best normalised performance in the window". For subgraphs the reward is Ansor's
-//! gradient estimate (Equations 3 and 4), see [`SwUcbTaskScheduler`].
+//! gradient estimate (Equations 3 and 4), see [`crate::task_scheduler::SwUcbTaskScheduler`].
 //!
 //! The paper's settings (section 6.2, also used end to end, section 6.3): `c = 0.25`, window
 //! 256 ([`HARL_C`], [`HARL_WINDOW`]).

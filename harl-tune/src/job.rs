@@ -12,6 +12,7 @@ use crate::cost_model::XgbModel;
 use crate::measure::Measure;
 use crate::measure::{MeasureConfig, Measurer};
 use crate::space::cpu::Task;
+use crate::space::CpuSpace;
 use crate::strategy::{strategy_by_name, STRATEGY_NAMES};
 use crate::task_scheduler::RoundRobin;
 use crate::tuner::{best_candidate, tune, TuneOptions};
@@ -150,7 +151,7 @@ pub fn run(
     options: &JobOptions,
     progress: &mut dyn Progress,
 ) -> Result<Vec<TuneOutcome>, JobError> {
-    if strategy_by_name(&options.strategy, options.seed).is_none() {
+    if strategy_by_name::<CpuSpace>(&options.strategy, options.seed).is_none() {
         return Err(JobError::Strategy(options.strategy.clone()));
     }
     let mut outcomes = Vec::new();
@@ -328,8 +329,8 @@ fn tune_one(
 }
 
 /// Tunes a kernel's GPU schedule on this machine's GPU (device 0) when the cache has no record
-/// for exactly this device: [`crate::tuner::gpu`], the winner (never slower than the default GPU
-/// schedule, which is measured first) appended to `cuda-sm_XY.jsonl`. `None` when there is
+/// for exactly this device: the tuning loop over [`crate::space::GpuSpace`], the winner (never
+/// slower than the default GPU schedule, which is measured first) appended to `cuda-sm_XY.jsonl`. `None` when there is
 /// nothing to do (a record exists, or the kernel has no GPU schedule).
 #[cfg(feature = "cuda")]
 fn tune_gpu(
@@ -338,9 +339,11 @@ fn tune_gpu(
     options: &JobOptions,
 ) -> Option<TuneOutcome> {
     use crate::measure::gpu::{GpuMeasureConfig, GpuMeasurer};
-    use crate::tuner::gpu::{search, GpuSearchOptions, GpuStrategy};
+    use crate::space::GpuSpace;
+    use crate::task::TaskState;
+    use crate::tuner::{default_latency, tune_states};
     let graph = &kernel.graph;
-    let sketch = harl_build::gpu_sketch::GpuSketch::new(graph)?;
+    let space = GpuSpace::new(graph)?;
     let mut outcome = TuneOutcome {
         name: format!("{} (gpu)", kernel.name),
         workload_key: kernel.workload_key.clone(),
@@ -368,20 +371,37 @@ fn tune_gpu(
     if lookup.source == LookupSource::Exact && !options.force {
         return None;
     }
-    let search_options = GpuSearchOptions {
-        strategy: GpuStrategy::from_name(&options.strategy),
+    let Some(mut strategy) = strategy_by_name::<GpuSpace>(&options.strategy, options.seed) else {
+        outcome.note = Some(format!("`{}` is not a strategy", options.strategy));
+        return Some(outcome);
+    };
+    let tune_options = TuneOptions {
         trials: options.gpu_trials,
         batch: 16,
+        time_budget: None,
         seed: options.seed,
+        seed_default: true,
     };
-    let result = search(&sketch, &search_options, &mut |s| m.measure_one(graph, s));
-    outcome.trials = result.trials.len();
+    let task = Task::new(kernel.name.clone(), graph.clone(), 1.0);
+    let result = tune_states(
+        vec![TaskState::with_space(task, space)],
+        &tune_options,
+        strategy.as_mut(),
+        &mut RoundRobin::default(),
+        &mut XgbModel::with_seed(options.seed),
+        &mut m,
+    );
+    outcome.trials = result.trials;
     outcome.wall_s = result.wall_s;
-    outcome.default_latency_s = result.default_latency_s;
-    let Some((latency, _, schedule)) = result.best.clone() else {
+    let Some(state) = result.tasks.first() else {
+        return Some(outcome);
+    };
+    outcome.default_latency_s = default_latency(state);
+    let Some((best, latency)) = best_candidate(state) else {
         outcome.note = Some("every GPU trial failed; it ships the default GPU schedule".into());
         return Some(outcome);
     };
+    let schedule = best.schedule.clone();
     outcome.latency_s = Some(latency);
     let record = Record::new(
         kernel.workload_key.clone(),
@@ -389,7 +409,7 @@ fn tune_gpu(
         fingerprint,
         schedule,
         latency,
-        result.trials.len() as u64,
+        result.trials as u64,
     );
     match cache.append(&record) {
         Ok(path) => outcome.recorded_in = Some(path),

@@ -6,13 +6,14 @@
 //! `harl-build`) never builds XGBoost or burn: `cargo-harl` links this, build scripts call
 //! `cargo-harl`.
 //!
-//! One concept a module or folder: [`space`] (what schedules a task can take), [`task`] (a
+//! One concept a module or folder: [`space`] (what schedules a task can take: the
+//! [`space::SearchSpace`] trait, the CPU and GPU sketch spaces), [`task`] (a
 //! task's measured history), [`strategy`] (random, evolutionary, annealing, HARL), [`tuner`]
 //! (the loop), [`task_scheduler`] (which task next: round robin, gradient, SW-UCB),
 //! [`cost_model`] (XGBoost, random) over [`features`], [`measure`] (the `Measure` trait, CPU and
 //! GPU measurers) and [`job`]. Strategies see the space only through [`task::TaskState`] and the
 //! cost model through [`cost_model::CostModel`], so HARL's own search plugs in beside the
-//! baselines.
+//! baselines and every strategy and the one loop serve the CPU and the GPU alike.
 
 #![warn(missing_docs)]
 

@@ -1,8 +1,9 @@
-//! A task as the search sees it: its sketches, every measured trial, its best.
+//! A task as the search sees it: its space, every measured trial, its best.
 
 use crate::features;
 pub use crate::space::cpu::Task;
-use crate::space::cpu::{generate_sketches, Params, Sketch};
+use crate::space::cpu::{CpuSpace, Params};
+use crate::space::SearchSpace;
 use harl_build::default_schedule::CpuTarget;
 use harl_build::lower::lower;
 use harl_build::rng::Rng;
@@ -11,9 +12,9 @@ use std::collections::HashSet;
 
 /// A complete candidate: its parameters, the schedule they give, and its features.
 #[derive(Clone, Debug)]
-pub struct Candidate {
-    /// Sketch parameters.
-    pub params: Params,
+pub struct Candidate<P = Params> {
+    /// The space's parameters.
+    pub params: P,
     /// The schedule (validated: it lowers).
     pub schedule: Schedule,
     /// Features of the lowered program, for the cost model.
@@ -22,46 +23,51 @@ pub struct Candidate {
 
 /// One measured trial.
 #[derive(Clone, Debug)]
-pub struct Trial {
+pub struct Trial<P = Params> {
     /// The candidate measured.
-    pub candidate: Candidate,
+    pub candidate: Candidate<P>,
     /// Median latency, or `None` if the trial failed.
     pub latency_s: Option<f64>,
 }
 
 /// What strategies see of a task: its space and its measured history.
-pub struct TaskState {
+pub struct TaskState<S: SearchSpace = CpuSpace> {
     /// The task.
     pub task: Task,
-    /// Its sketches (the space).
-    pub sketches: Vec<Sketch>,
+    /// Its search space.
+    pub space: S,
     /// Floating-point operations of one run.
     pub flops: f64,
     /// Measured trials, in order.
-    pub trials: Vec<Trial>,
-    /// The default schedule's counterpart in each sketch that has one
-    /// ([`Sketch::default_params`]), distinct schedules only: the tuner measures them first.
-    pub seeds: Vec<Params>,
-    measured: HashSet<Params>,
+    pub trials: Vec<Trial<S::Params>>,
+    /// The space's default-like points ([`SearchSpace::defaults`]) that give distinct valid
+    /// schedules: the tuner measures them first.
+    pub seeds: Vec<S::Params>,
+    measured: HashSet<S::Params>,
 }
 
-impl TaskState {
-    /// The state of a task before any trial.
+impl TaskState<CpuSpace> {
+    /// The CPU state of a task before any trial: its sketches for `target`.
     pub fn new(task: Task, target: &CpuTarget) -> Self {
-        let sketches = generate_sketches(&task.graph, target);
+        let space = CpuSpace::new(&task.graph, target);
+        TaskState::with_space(task, space)
+    }
+}
+
+impl<S: SearchSpace> TaskState<S> {
+    /// The state of a task searched in `space` (made from the task's graph), before any trial.
+    pub fn with_space(task: Task, space: S) -> Self {
         let flops = task.graph.flops();
         let mut seeds = Vec::new();
         let mut seen = HashSet::new();
-        for (i, sketch) in sketches.iter().enumerate() {
-            if let Some(p) = sketch.default_params(i, target) {
-                if sketch.to_schedule(&p).is_ok_and(|s| seen.insert(s)) {
-                    seeds.push(p);
-                }
+        for p in space.defaults() {
+            if space.to_schedule(&p).is_some_and(|s| seen.insert(s)) {
+                seeds.push(p);
             }
         }
         TaskState {
             task,
-            sketches,
+            space,
             flops,
             trials: Vec::new(),
             seeds,
@@ -70,9 +76,8 @@ impl TaskState {
     }
 
     /// Builds the candidate for `params`, or `None` if they do not give a valid schedule.
-    pub fn candidate(&self, params: Params) -> Option<Candidate> {
-        let sketch = self.sketches.get(params.sketch)?;
-        let schedule = sketch.to_schedule(&params).ok()?;
+    pub fn candidate(&self, params: S::Params) -> Option<Candidate<S::Params>> {
+        let schedule = self.space.to_schedule(&params)?;
         let program = lower(&self.task.graph, &schedule).ok()?;
         Some(Candidate {
             features: features::extract(&program),
@@ -82,10 +87,14 @@ impl TaskState {
     }
 
     /// A random valid candidate (`None` only if the task has no sketch).
-    pub fn sample(&self, rng: &mut Rng) -> Option<Candidate> {
+    pub fn sample(&self, rng: &mut Rng) -> Option<Candidate<S::Params>> {
+        let n = self.space.sketch_count();
+        if n == 0 {
+            return None;
+        }
         for _ in 0..16 {
-            let index = rng.below(self.sketches.len());
-            let params = self.sketches.get(index)?.sample(index, rng);
+            let index = rng.below(n);
+            let params = self.space.sample(index, rng);
             if let Some(c) = self.candidate(params) {
                 return Some(c);
             }
@@ -94,18 +103,17 @@ impl TaskState {
     }
 
     /// A random valid mutation of `params`.
-    pub fn mutate(&self, params: &Params, rng: &mut Rng) -> Option<Candidate> {
-        let sketch = self.sketches.get(params.sketch)?;
-        self.candidate(sketch.mutate(params, rng))
+    pub fn mutate(&self, params: &S::Params, rng: &mut Rng) -> Option<Candidate<S::Params>> {
+        self.candidate(self.space.mutate(params, rng))
     }
 
     /// Whether these parameters were measured already.
-    pub fn is_measured(&self, params: &Params) -> bool {
+    pub fn is_measured(&self, params: &S::Params) -> bool {
         self.measured.contains(params)
     }
 
     /// Records a measured trial.
-    pub fn record(&mut self, candidate: Candidate, latency_s: Option<f64>) {
+    pub fn record(&mut self, candidate: Candidate<S::Params>, latency_s: Option<f64>) {
         self.measured.insert(candidate.params.clone());
         self.trials.push(Trial {
             candidate,
@@ -114,7 +122,7 @@ impl TaskState {
     }
 
     /// The fastest successful trial.
-    pub fn best(&self) -> Option<&Trial> {
+    pub fn best(&self) -> Option<&Trial<S::Params>> {
         self.trials
             .iter()
             .filter(|t| t.latency_s.is_some())
@@ -131,8 +139,8 @@ impl TaskState {
     }
 
     /// The `n` fastest measured trials' parameters.
-    pub fn top_measured(&self, n: usize) -> Vec<Params> {
-        let mut ok: Vec<&Trial> = self
+    pub fn top_measured(&self, n: usize) -> Vec<S::Params> {
+        let mut ok: Vec<&Trial<S::Params>> = self
             .trials
             .iter()
             .filter(|t| t.latency_s.is_some())

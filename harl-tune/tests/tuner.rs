@@ -7,6 +7,7 @@ use harl_te::Graph;
 use harl_tune::cost_model::XgbModel;
 use harl_tune::measure::Measure;
 use harl_tune::space::cpu::Task;
+use harl_tune::space::CpuSpace;
 use harl_tune::strategy::strategy_by_name;
 use harl_tune::task_scheduler::scheduler_by_name;
 use harl_tune::tuner::{tune, TuneOptions, TuneResult};
@@ -106,7 +107,7 @@ fn harl_elite_names_set_the_elite_fraction() {
     let all_elite = run("harl-elite100", 3, 24, matmul_64());
     assert_eq!(all_elite.trials, 24);
     for bad in ["harl-elite101", "harl-elite", "harl-elitex", "harl-elite-5"] {
-        assert!(strategy_by_name(bad, 0).is_none(), "{bad}");
+        assert!(strategy_by_name::<CpuSpace>(bad, 0).is_none(), "{bad}");
     }
 }
 

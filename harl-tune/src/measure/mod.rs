@@ -1,6 +1,6 @@
 //! Measuring schedules: the [`Measure`] trait the tuning loop times candidates through, the
 //! CPU measurer ([`cpu`]: out-of-process workers built from the shipped codegen, checked
-//! against the reference interpreter) and the GPU measurer ([`gpu`], feature `cuda`).
+//! against the reference interpreter) and the GPU measurer (`gpu`, feature `cuda`).
 
 pub mod cpu;
 #[cfg(feature = "cuda")]

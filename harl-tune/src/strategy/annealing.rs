@@ -2,6 +2,7 @@
 
 use super::{epsilon_greedy, scores, seeded_population, SearchStrategy};
 use crate::cost_model::CostModel;
+use crate::space::SearchSpace;
 use crate::task::{Candidate, TaskState};
 use harl_build::rng::Rng;
 use std::collections::HashSet;
@@ -31,21 +32,21 @@ impl Default for Annealing {
     }
 }
 
-impl SearchStrategy for Annealing {
+impl<S: SearchSpace> SearchStrategy<S> for Annealing {
     fn name(&self) -> &'static str {
         "autotvm"
     }
 
     fn propose(
         &mut self,
-        state: &TaskState,
+        state: &TaskState<S>,
         model: &dyn CostModel,
         batch: usize,
         rng: &mut Rng,
-    ) -> Vec<Candidate> {
+    ) -> Vec<Candidate<S::Params>> {
         let mut chains = seeded_population(state, self.chains / 2, self.chains, rng);
         let mut current = scores(model, &chains);
-        let mut visited: Vec<(f64, Candidate)> = Vec::new();
+        let mut visited: Vec<(f64, Candidate<S::Params>)> = Vec::new();
         let mut seen = HashSet::new();
         for (s, c) in current.iter().zip(&chains) {
             if seen.insert(c.params.clone()) {
@@ -54,7 +55,7 @@ impl SearchStrategy for Annealing {
         }
         for step in 0..self.steps {
             let t = self.temperature * (1.0 - step as f64 / self.steps as f64).max(0.05);
-            let proposals: Vec<Candidate> = chains
+            let proposals: Vec<Candidate<S::Params>> = chains
                 .iter()
                 .map(|c| state.mutate(&c.params, rng).unwrap_or_else(|| c.clone()))
                 .collect();

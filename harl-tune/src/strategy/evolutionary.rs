@@ -2,6 +2,7 @@
 
 use super::{epsilon_greedy, scores, seeded_population, SearchStrategy};
 use crate::cost_model::CostModel;
+use crate::space::SearchSpace;
 use crate::task::{Candidate, TaskState};
 use harl_build::rng::Rng;
 use std::collections::HashSet;
@@ -31,22 +32,22 @@ impl Default for Evolutionary {
     }
 }
 
-impl SearchStrategy for Evolutionary {
+impl<S: SearchSpace> SearchStrategy<S> for Evolutionary {
     fn name(&self) -> &'static str {
         "ansor"
     }
 
     fn propose(
         &mut self,
-        state: &TaskState,
+        state: &TaskState<S>,
         model: &dyn CostModel,
         batch: usize,
         rng: &mut Rng,
-    ) -> Vec<Candidate> {
+    ) -> Vec<Candidate<S::Params>> {
         let n_elite = ((self.population as f64) * self.elite_fraction) as usize;
         let mut pop = seeded_population(state, n_elite, self.population, rng);
         // Every candidate seen, with its score; the best unmeasured ones are proposed.
-        let mut visited: Vec<(f64, Candidate)> = Vec::new();
+        let mut visited: Vec<(f64, Candidate<S::Params>)> = Vec::new();
         let mut seen = HashSet::new();
         for _ in 0..self.generations {
             let s = scores(model, &pop);

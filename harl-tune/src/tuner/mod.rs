@@ -1,13 +1,14 @@
 //! The tuning loop: the task scheduler picks a task, its strategy proposes a batch, the
 //! measurer times it, the cost model retrains on every record, until the trial or time budget
 //! is spent. Every decision draws from one seeded [`Rng`], so a seed and the same measurements
-//! give the same sequence of schedules. [`gpu`] is the GPU's loop, not yet folded into this one.
-
-pub mod gpu;
+//! give the same sequence of schedules. The loop is generic over the [`SearchSpace`]: [`tune`]
+//! runs it on the CPU sketch space of a set of tasks, [`tune_states`] on any space's tasks
+//! (the GPU's: [`crate::space::GpuSpace`]).
 
 use crate::cost_model::CostModel;
 use crate::measure::Measure;
 use crate::space::cpu::Task;
+use crate::space::{CpuSpace, SearchSpace};
 use crate::strategy::{Candidate, SearchStrategy, TaskState};
 use crate::task_scheduler::{TaskScheduler, TaskView};
 use harl_build::default_schedule::CpuTarget;
@@ -56,9 +57,9 @@ pub struct CurvePoint {
 }
 
 /// What a tuning run found.
-pub struct TuneResult {
+pub struct TuneResult<S: SearchSpace = CpuSpace> {
     /// Final state of each task (its trials, its best).
-    pub tasks: Vec<TaskState>,
+    pub tasks: Vec<TaskState<S>>,
     /// Best-so-far after every trial.
     pub curve: Vec<CurvePoint>,
     /// Trials spent per task.
@@ -82,7 +83,7 @@ pub struct PhaseTimes {
     pub retrain_s: f64,
 }
 
-/// Tunes `tasks` within the budget.
+/// Tunes `tasks`' CPU schedules for `target` within the budget.
 pub fn tune(
     tasks: Vec<Task>,
     target: &CpuTarget,
@@ -92,12 +93,24 @@ pub fn tune(
     model: &mut dyn CostModel,
     measurer: &mut dyn Measure,
 ) -> TuneResult {
-    let start = Instant::now();
-    let mut rng = Rng::new(options.seed);
-    let mut states: Vec<TaskState> = tasks
+    let states = tasks
         .into_iter()
         .map(|t| TaskState::new(t, target))
         .collect();
+    tune_states(states, options, strategy, scheduler, model, measurer)
+}
+
+/// Tunes tasks in any search space within the budget: the one tuning loop.
+pub fn tune_states<S: SearchSpace>(
+    mut states: Vec<TaskState<S>>,
+    options: &TuneOptions,
+    strategy: &mut dyn SearchStrategy<S>,
+    scheduler: &mut dyn TaskScheduler,
+    model: &mut dyn CostModel,
+    measurer: &mut dyn Measure,
+) -> TuneResult<S> {
+    let start = Instant::now();
+    let mut rng = Rng::new(options.seed);
     let mut histories: Vec<Vec<Option<f64>>> = vec![Vec::new(); states.len()];
     let mut curve = Vec::new();
     let mut spent = 0usize;
@@ -170,7 +183,10 @@ pub fn tune(
 }
 
 /// What the task scheduler sees of every task.
-fn task_views(states: &[TaskState], histories: &[Vec<Option<f64>>]) -> Vec<TaskView> {
+fn task_views<S: SearchSpace>(
+    states: &[TaskState<S>],
+    histories: &[Vec<Option<f64>>],
+) -> Vec<TaskView> {
     states
         .iter()
         .zip(histories)
@@ -185,7 +201,10 @@ fn task_views(states: &[TaskState], histories: &[Vec<Option<f64>>]) -> Vec<TaskV
 }
 
 /// Up to `batch` of the task's default-like candidates.
-fn seed_candidates(state: &TaskState, batch: usize) -> Vec<Candidate> {
+fn seed_candidates<S: SearchSpace>(
+    state: &TaskState<S>,
+    batch: usize,
+) -> Vec<Candidate<S::Params>> {
     state
         .seeds
         .iter()
@@ -195,7 +214,7 @@ fn seed_candidates(state: &TaskState, batch: usize) -> Vec<Candidate> {
 }
 
 /// Weighted sum of every task's best latency, once every task has one.
-fn network_latency(states: &[TaskState]) -> Option<f64> {
+fn network_latency<S: SearchSpace>(states: &[TaskState<S>]) -> Option<f64> {
     states
         .iter()
         .map(|s| s.best_latency().map(|l| l * s.task.weight))
@@ -204,7 +223,7 @@ fn network_latency(states: &[TaskState]) -> Option<f64> {
 
 /// Trains the model on every successful record: throughput normalised by the task's best, so
 /// tasks of different sizes share one scale; failed trials count as zero throughput.
-fn retrain(model: &mut dyn CostModel, states: &[TaskState]) {
+fn retrain<S: SearchSpace>(model: &mut dyn CostModel, states: &[TaskState<S>]) {
     let mut xs = Vec::new();
     let mut ys = Vec::new();
     let mut groups = Vec::new();
@@ -238,8 +257,21 @@ fn op_class(g: &Graph) -> String {
 }
 
 /// The best candidate of a task, if any trial succeeded.
-pub fn best_candidate(state: &TaskState) -> Option<(&Candidate, f64)> {
+pub fn best_candidate<S: SearchSpace>(
+    state: &TaskState<S>,
+) -> Option<(&Candidate<S::Params>, f64)> {
     state
         .best()
         .and_then(|t| t.latency_s.map(|l| (&t.candidate, l)))
+}
+
+/// The latency of the task's first default point ([`TaskState::seeds`]; on the GPU space, the
+/// default GPU schedule), if it was measured and succeeded.
+pub fn default_latency<S: SearchSpace>(state: &TaskState<S>) -> Option<f64> {
+    let default = state.seeds.first()?;
+    state
+        .trials
+        .iter()
+        .find(|t| &t.candidate.params == default)
+        .and_then(|t| t.latency_s)
 }

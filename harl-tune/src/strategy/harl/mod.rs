@@ -8,7 +8,10 @@
 //! the advantage `r + γ V(s') - V(s)` drives adaptive stopping (window λ = 20, ratio ρ = 0.5),
 //! and the episode ends when fewer than `min_tracks` tracks remain. Then the agent trains on
 //! the episode's transitions and the top-K visited schedules by predicted score are proposed
-//! for measurement. The agent of each (task, sketch) keeps its weights across rounds.
+//! for measurement. The agent of each (task, sketch) keeps its weights across rounds. The
+//! episode is written once for every [`SearchSpace`]: each space gives the agent its heads,
+//! state encoding and moves ([`crate::space::Moves`]); the GPU space's one sketch makes its
+//! bandit trivial.
 //!
 //! Deviations, stated: a quarter of an episode's tracks (`elite_fraction`) start from the sketch's best measured
 //! schedules rather than random fillings (without them HARL lost to Ansor's evolutionary search,
@@ -18,14 +21,13 @@
 //! taken against `max(|C(s)|, σ)` with σ the spread of the episode's initial scores, and clipped
 //! to [-1, 1].
 
-pub mod gpu;
 pub mod ppo;
 pub mod stopping;
 pub mod track_start;
 
 use crate::bandit::{Aggregate, SlidingWindowUcb};
 use crate::cost_model::CostModel;
-use crate::space::cpu::{Params, Sketch};
+use crate::space::{CpuSpace, Moves, SearchSpace};
 use crate::strategy::harl::ppo::{ActionSpace, Agent, PpoConfig, Transition};
 use crate::strategy::harl::stopping::AdaptiveStopping;
 use crate::strategy::harl::track_start::{Origin, TrackStartCredit};
@@ -80,131 +82,18 @@ impl Default for HarlConfig {
     }
 }
 
-/// How a sketch's actions map to the agent's heads, and its state encoding.
-struct Layout {
-    /// (axis, from level, to level) of each tile-move action (action `i + 1`).
-    tile_moves: Vec<(usize, usize, usize)>,
-    /// Levels per tiled axis and the axis extent.
-    axes: Vec<(usize, usize)>,
-    compute_at: usize,
-    parallel: usize,
-    unroll: usize,
-    vector: usize,
-}
-
-impl Layout {
-    fn new(sketch: &Sketch) -> Layout {
-        let k = sketch.knobs();
-        let mut tile_moves = Vec::new();
-        for (a, &(_, levels)) in k.tiled_axes.iter().enumerate() {
-            for from in 0..levels {
-                for to in 0..levels {
-                    if from != to {
-                        tile_moves.push((a, from, to));
-                    }
-                }
-            }
-        }
-        Layout {
-            tile_moves,
-            axes: k.tiled_axes.iter().map(|&(e, l)| (e, l)).collect(),
-            compute_at: k.compute_at_choices,
-            parallel: k.parallel_max,
-            unroll: k.unroll_choices,
-            vector: k.vector_choices,
-        }
-    }
-
-    fn space(&self) -> ActionSpace {
-        ActionSpace {
-            heads: vec![1 + self.tile_moves.len(), 3, 3, 3, 3],
-        }
-    }
-
-    fn state_dim(&self) -> usize {
-        self.axes.iter().map(|&(_, l)| l).sum::<usize>() + 5
-    }
-
-    /// Normalised features of a parameter set and its score.
-    fn encode(&self, p: &Params, score: f64) -> Vec<f32> {
-        let mut v = Vec::with_capacity(self.state_dim());
-        for (a, &(extent, levels)) in self.axes.iter().enumerate() {
-            let inner = p.tiles.get(a).cloned().unwrap_or_default();
-            let prod: usize = inner.iter().product::<usize>().max(1);
-            let outer = extent.div_ceil(prod);
-            let denom = (extent as f32).log2().max(1.0);
-            v.push((outer as f32).log2() / denom);
-            for l in 0..levels.saturating_sub(1) {
-                v.push((inner.get(l).copied().unwrap_or(1) as f32).log2() / denom);
-            }
-        }
-        let frac = |x: usize, n: usize| {
-            if n > 1 {
-                x as f32 / (n - 1) as f32
-            } else {
-                0.0
-            }
-        };
-        v.push(frac(p.compute_at, self.compute_at));
-        v.push(if self.parallel > 0 {
-            p.parallel as f32 / self.parallel as f32
-        } else {
-            0.0
-        });
-        v.push(frac(p.unroll, self.unroll));
-        v.push(frac(p.vector, self.vector));
-        v.push(score.tanh() as f32);
-        v
-    }
-
-    /// Applies one action per head, each only if legal (an illegal move is a no-op).
-    fn apply(&self, sketch: &Sketch, p: &Params, action: &[usize]) -> Params {
-        let delta = |a: usize| match a {
-            1 => -1,
-            2 => 1,
-            _ => 0,
-        };
-        let mut q = p.clone();
-        if let Some(&(axis, from, to)) = action
-            .first()
-            .and_then(|&a| a.checked_sub(1))
-            .and_then(|i| self.tile_moves.get(i))
-        {
-            if let Some(n) = sketch.tile_move(&q, axis, from, to) {
-                q = n;
-            }
-        }
-        type Step = fn(&Sketch, &Params, i32) -> Option<Params>;
-        let steps: [Step; 4] = [
-            Sketch::step_compute_at,
-            Sketch::step_parallel,
-            Sketch::step_unroll,
-            Sketch::step_vector,
-        ];
-        for (h, step) in steps.iter().enumerate() {
-            let d = delta(action.get(h + 1).copied().unwrap_or(0));
-            if d != 0 {
-                if let Some(n) = step(sketch, &q, d) {
-                    q = n;
-                }
-            }
-        }
-        q
-    }
-}
-
-struct SketchAgent {
+struct SketchAgent<S: SearchSpace> {
     agent: Agent,
-    layout: Layout,
+    moves: S::Moves,
 }
 
-struct TaskMemory {
+struct TaskMemory<S: SearchSpace> {
     bandit: SlidingWindowUcb,
-    agents: HashMap<usize, SketchAgent>,
+    agents: HashMap<usize, SketchAgent<S>>,
     /// Trials of the task already fed to the bandit.
     fed: usize,
     /// The track start of each schedule proposed for measurement (adaptive start only).
-    origins: HashMap<Params, Origin>,
+    origins: HashMap<S::Params, Origin>,
     /// Measured gains per track start (adaptive start only).
     credit: TrackStartCredit,
     /// Trials already credited, and the task's best latency after them.
@@ -212,13 +101,13 @@ struct TaskMemory {
     credited_best: f64,
 }
 
-/// HARL's hierarchical search (one strategy among the others).
-pub struct Harl {
+/// HARL's hierarchical search (one strategy among the others) over space `S`.
+pub struct Harl<S: SearchSpace = CpuSpace> {
     config: HarlConfig,
-    tasks: HashMap<String, TaskMemory>,
+    tasks: HashMap<String, TaskMemory<S>>,
 }
 
-impl Harl {
+impl<S: SearchSpace> Harl<S> {
     /// A HARL search with these parameters.
     pub fn new(config: HarlConfig) -> Self {
         Harl {
@@ -228,41 +117,30 @@ impl Harl {
     }
 }
 
-impl Default for Harl {
+impl<S: SearchSpace> Default for Harl<S> {
     fn default() -> Self {
         Harl::new(HarlConfig::default())
     }
 }
 
-struct Track {
-    cand: Candidate,
+/// A schedule track: where it is, where it started, its score and its agent transitions.
+struct Track<P> {
+    cand: Candidate<P>,
     origin: Origin,
     score: f64,
     transitions: Vec<Transition>,
 }
 
-impl HasTransitions for Track {
-    fn transitions(&mut self) -> &mut Vec<Transition> {
-        &mut self.transitions
-    }
-}
-
-/// A schedule track that records its agent transitions (the CPU and GPU searches' tracks).
-pub(crate) trait HasTransitions {
-    /// The track's transitions so far.
-    fn transitions(&mut self) -> &mut Vec<Transition>;
-}
-
 /// An agent's action with its log-probability and value estimate, as `act_batch` returns it.
-pub(crate) type Act = (Vec<usize>, f32, f32);
+type Act = (Vec<usize>, f32, f32);
 
 /// The bookkeeping of one episode step (Algorithm 1's inner loop): each live track records its
 /// transition, its advantage `r + γ V(s') - V(s)` feeds adaptive stopping, and a stopped
 /// track's last transition ends its trajectory. Returns the tracks still alive with their next
 /// actions.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn record_step<T: HasTransitions>(
-    tracks: &mut [T],
+fn record_step<P>(
+    tracks: &mut [Track<P>],
     alive: &[usize],
     pending: &[Act],
     following: &[Act],
@@ -275,7 +153,7 @@ pub(crate) fn record_step<T: HasTransitions>(
         let (action, log_prob, value) = pending[k].clone();
         let advantage = rewards[k] + gamma * following[k].2 - value;
         stopping.observe(i, f64::from(advantage));
-        tracks[i].transitions().push(Transition {
+        tracks[i].transitions.push(Transition {
             state: before[k].clone(),
             action,
             log_prob,
@@ -289,7 +167,7 @@ pub(crate) fn record_step<T: HasTransitions>(
     let mut keep_pending = Vec::new();
     for (k, &i) in alive.iter().enumerate() {
         if stopped.contains(&i) {
-            if let Some(last) = tracks[i].transitions().last_mut() {
+            if let Some(last) = tracks[i].transitions.last_mut() {
                 last.done = true;
             }
         } else {
@@ -301,31 +179,28 @@ pub(crate) fn record_step<T: HasTransitions>(
 }
 
 /// Ends an episode: the tracks still alive end their trajectories; the non-empty ones.
-pub(crate) fn trajectories<T: HasTransitions>(
-    alive: &[usize],
-    mut tracks: Vec<T>,
-) -> Vec<Vec<Transition>> {
+fn trajectories<P>(alive: &[usize], mut tracks: Vec<Track<P>>) -> Vec<Vec<Transition>> {
     for &i in alive {
-        if let Some(last) = tracks[i].transitions().last_mut() {
+        if let Some(last) = tracks[i].transitions.last_mut() {
             last.done = true;
         }
     }
     tracks
         .iter_mut()
-        .map(|t| std::mem::take(t.transitions()))
+        .map(|t| std::mem::take(&mut t.transitions))
         .filter(|t| !t.is_empty())
         .collect()
 }
 
-impl Harl {
+impl<S: SearchSpace> Harl<S> {
     /// The task's memory (its sketch bandit, agents, credit), made on first use.
-    fn memory(&mut self, state: &TaskState) -> &mut TaskMemory {
+    fn memory(&mut self, state: &TaskState<S>) -> &mut TaskMemory<S> {
         let cfg = &self.config;
         self.tasks
             .entry(state.task.graph.workload_key())
             .or_insert_with(|| TaskMemory {
                 bandit: SlidingWindowUcb::new(
-                    state.sketches.len(),
+                    state.space.sketch_count(),
                     cfg.sketch_window,
                     cfg.sketch_c,
                     Aggregate::Mean,
@@ -340,15 +215,15 @@ impl Harl {
     }
 }
 
-impl SearchStrategy for Harl {
+impl<S: SearchSpace> SearchStrategy<S> for Harl<S> {
     fn name(&self) -> &'static str {
         "harl"
     }
 
     /// The sketch bandit's rewards and, with `adaptive_start`, the track starts' credit, from
     /// the trials measured since the last call.
-    fn notify(&mut self, state: &TaskState) {
-        if state.sketches.is_empty() {
+    fn notify(&mut self, state: &TaskState<S>) {
+        if state.space.sketch_count() == 0 {
             return;
         }
         let adaptive = self.config.adaptive_start;
@@ -361,12 +236,13 @@ impl SearchStrategy for Harl {
 
     fn propose(
         &mut self,
-        state: &TaskState,
+        state: &TaskState<S>,
         model: &dyn CostModel,
         batch: usize,
         rng: &mut Rng,
-    ) -> Vec<Candidate> {
-        if state.sketches.is_empty() {
+    ) -> Vec<Candidate<S::Params>> {
+        let n_sketches = state.space.sketch_count();
+        if n_sketches == 0 {
             return Vec::new();
         }
         let cfg = self.config.clone();
@@ -376,23 +252,26 @@ impl SearchStrategy for Harl {
         } else {
             cfg.elite_fraction
         };
-        let u = mem.bandit.select(rng).min(state.sketches.len() - 1);
-        let sketch = &state.sketches[u];
+        let u = mem.bandit.select(rng).min(n_sketches - 1);
+        let space = &state.space;
         let sa = mem.agents.entry(u).or_insert_with(|| {
-            let layout = Layout::new(sketch);
+            let moves = space.moves(u);
             let ppo = PpoConfig {
                 seed: cfg.ppo.seed ^ (u as u64).wrapping_mul(0x9e37_79b9),
                 ..cfg.ppo.clone()
             };
+            let heads = ActionSpace {
+                heads: moves.heads(),
+            };
             SketchAgent {
-                agent: Agent::new(layout.state_dim(), layout.space(), ppo),
-                layout,
+                agent: Agent::new(moves.state_dim(), heads, ppo),
+                moves,
             }
         });
-        let mut visited: Vec<(f64, Candidate, Origin)> = Vec::new();
-        let mut seen: HashSet<Params> = HashSet::new();
+        let mut visited: Vec<(f64, Candidate<S::Params>, Origin)> = Vec::new();
+        let mut seen: HashSet<S::Params> = HashSet::new();
         // Phase 1: an episode of parameter modifications.
-        let mut tracks: Vec<Track> = Vec::new();
+        let mut tracks: Vec<Track<S::Params>> = Vec::new();
         // Some tracks (a quarter by default) start from the sketch's best measured schedules (the
         // rest from random fillings, as the paper's): without them every episode restarts from
         // scratch.
@@ -400,7 +279,7 @@ impl SearchStrategy for Harl {
         let elite = state
             .top_measured(cfg.tracks)
             .into_iter()
-            .filter(|p| p.sketch == u)
+            .filter(|p| space.sketch_of(p) == u)
             .take(n_elite)
             .filter_map(|p| state.candidate(p));
         for c in elite {
@@ -415,7 +294,7 @@ impl SearchStrategy for Harl {
             if tracks.len() >= cfg.tracks {
                 break;
             }
-            let p = sketch.sample(u, rng);
+            let p = space.sample(u, rng);
             if let Some(c) = state.candidate(p) {
                 tracks.push(Track {
                     cand: c,
@@ -442,7 +321,7 @@ impl SearchStrategy for Harl {
             cfg.min_tracks.min(tracks.len()),
             tracks.len(),
         );
-        let encode = |t: &Track| sa.layout.encode(&t.cand.params, t.score / scale);
+        let encode = |t: &Track<S::Params>| sa.moves.encode(&t.cand.params, t.score / scale);
         let mut alive: Vec<usize> = (0..tracks.len()).collect();
         let mut pending = sa.agent.act_batch(
             &alive
@@ -456,11 +335,11 @@ impl SearchStrategy for Harl {
                 break;
             }
             let before: Vec<Vec<f32>> = alive.iter().map(|&i| encode(&tracks[i])).collect();
-            let next: Vec<Candidate> = alive
+            let next: Vec<Candidate<S::Params>> = alive
                 .iter()
                 .zip(&pending)
                 .map(|(&i, (action, _, _))| {
-                    let q = sa.layout.apply(sketch, &tracks[i].cand.params, action);
+                    let q = sa.moves.apply(space, &tracks[i].cand.params, action);
                     state.candidate(q).unwrap_or_else(|| tracks[i].cand.clone())
                 })
                 .collect();
@@ -495,7 +374,7 @@ impl SearchStrategy for Harl {
         visited.sort_by(|a, b| b.0.partial_cmp(&a.0).unwrap_or(std::cmp::Ordering::Equal));
         // Only the adaptive start needs each proposal's origin; the epsilon-greedy random
         // picks come from no track and are not credited.
-        let origin_of: HashMap<Params, Origin> = if cfg.adaptive_start {
+        let origin_of: HashMap<S::Params, Origin> = if cfg.adaptive_start {
             visited
                 .iter()
                 .map(|(_, c, o)| (c.params.clone(), *o))
@@ -518,17 +397,18 @@ impl SearchStrategy for Harl {
 /// sketch is its normalised maximal performance until that step, averaged over the window:
 /// here the task's best latency over the best latency the sketch has reached so far (1 = the
 /// sketch holds the task's best; 0 while it has no successful trial).
-fn feed_bandit(mem: &mut TaskMemory, state: &TaskState) {
+fn feed_bandit<S: SearchSpace>(mem: &mut TaskMemory<S>, state: &TaskState<S>) {
     let Some(task_best) = state.best_latency() else {
         for t in &state.trials[mem.fed.min(state.trials.len())..] {
-            mem.bandit.update(t.candidate.params.sketch, 0.0);
+            mem.bandit
+                .update(state.space.sketch_of(&t.candidate.params), 0.0);
         }
         mem.fed = state.trials.len();
         return;
     };
     let mut sketch_best: HashMap<usize, f64> = HashMap::new();
     for (i, t) in state.trials.iter().enumerate() {
-        let arm = t.candidate.params.sketch;
+        let arm = state.space.sketch_of(&t.candidate.params);
         if let Some(l) = t.latency_s {
             let b = sketch_best.entry(arm).or_insert(f64::INFINITY);
             *b = b.min(l);
@@ -545,7 +425,7 @@ fn feed_bandit(mem: &mut TaskMemory, state: &TaskState) {
 
 /// Credits every trial measured since the last round to its track's start: its gain is
 /// `ln(best before it / its latency)`, 0 when it was slower (or the first success).
-fn credit_starts(mem: &mut TaskMemory, state: &TaskState) {
+fn credit_starts<S: SearchSpace>(mem: &mut TaskMemory<S>, state: &TaskState<S>) {
     for t in &state.trials[mem.credited.min(state.trials.len())..] {
         let Some(latency) = t.latency_s else {
             continue;
@@ -563,7 +443,10 @@ fn credit_starts(mem: &mut TaskMemory, state: &TaskState) {
     mem.credited = state.trials.len();
 }
 
-fn predict<'a>(model: &dyn CostModel, cands: impl Iterator<Item = &'a Candidate>) -> Vec<f64> {
+fn predict<'a, P: 'a>(
+    model: &dyn CostModel,
+    cands: impl Iterator<Item = &'a Candidate<P>>,
+) -> Vec<f64> {
     let feats: Vec<Vec<f32>> = cands.map(|c| c.features.clone()).collect();
     match model.predict(&feats) {
         Ok(s) if s.len() == feats.len() => s
@@ -576,12 +459,12 @@ fn predict<'a>(model: &dyn CostModel, cands: impl Iterator<Item = &'a Candidate>
 
 /// A step's reward: the relative change of the cost model's score, taken against
 /// `max(|old|, scale)` (rank scores can be zero or negative) and clipped to [-1, 1].
-pub(crate) fn relative_reward(old: f64, new: f64, scale: f64) -> f32 {
+fn relative_reward(old: f64, new: f64, scale: f64) -> f32 {
     ((new - old) / old.abs().max(scale)).clamp(-1.0, 1.0) as f32
 }
 
 /// The standard deviation of `xs`.
-pub(crate) fn spread(xs: &[f64]) -> f64 {
+fn spread(xs: &[f64]) -> f64 {
     let n = xs.len().max(1) as f64;
     let mean = xs.iter().sum::<f64>() / n;
     (xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n).sqrt()

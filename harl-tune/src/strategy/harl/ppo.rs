@@ -9,7 +9,7 @@
 //!
 //! This module knows nothing of schedules: a state is a `Vec<f32>` of fixed length and an action
 //! is one index per head of an [`ActionSpace`]; the strategy maps both to
-//! [`sketch`](super::sketch) moves.
+//! a search space's moves ([`crate::space::Moves`]).
 //!
 //! # Networks
 //!

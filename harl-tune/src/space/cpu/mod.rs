@@ -40,6 +40,11 @@
 //! moves and mutations never return such a no-op). The knobs only choose among legal structures:
 //! a [`Params`] that [`Sketch::to_schedule`] accepts always lowers.
 
+mod moves;
+
+pub use moves::CpuMoves;
+
+use crate::space::SearchSpace;
 use harl_build::default_schedule::{guarded_axes, plan_tiles, CpuTarget};
 use harl_build::lower::{lower, ScheduleError, MAX_ACC_ELEMS, MAX_UNROLL};
 use harl_build::rng::Rng;
@@ -94,6 +99,68 @@ impl Task {
     /// The workload key that identifies the task in the cache (the graph's).
     pub fn key(&self) -> String {
         self.graph.workload_key()
+    }
+}
+
+/// A task's CPU search space: its sketches, and the default schedule's counterpart in each.
+pub struct CpuSpace {
+    graph: Graph,
+    sketches: Vec<Sketch>,
+    defaults: Vec<Params>,
+}
+
+impl CpuSpace {
+    /// The sketches of `graph` for `target` ([`generate_sketches`]).
+    pub fn new(graph: &Graph, target: &CpuTarget) -> Self {
+        let sketches = generate_sketches(graph, target);
+        let defaults = sketches
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.default_params(i, target))
+            .collect();
+        CpuSpace {
+            graph: graph.clone(),
+            sketches,
+            defaults,
+        }
+    }
+
+    /// The sketches, in rule order (a [`Params::sketch`] indexes them).
+    pub fn sketches(&self) -> &[Sketch] {
+        &self.sketches
+    }
+}
+
+impl SearchSpace for CpuSpace {
+    type Params = Params;
+    type Moves = CpuMoves;
+
+    fn graph(&self) -> &Graph {
+        &self.graph
+    }
+    fn sketch_count(&self) -> usize {
+        self.sketches.len()
+    }
+    fn sketch_of(&self, params: &Params) -> usize {
+        params.sketch
+    }
+    fn sample(&self, sketch: usize, rng: &mut Rng) -> Params {
+        self.sketches[sketch].sample(sketch, rng)
+    }
+    fn mutate(&self, params: &Params, rng: &mut Rng) -> Params {
+        match self.sketches.get(params.sketch) {
+            Some(s) => s.mutate(params, rng),
+            None => params.clone(),
+        }
+    }
+    fn to_schedule(&self, params: &Params) -> Option<Schedule> {
+        self.sketches.get(params.sketch)?.to_schedule(params).ok()
+    }
+    fn defaults(&self) -> Vec<Params> {
+        self.defaults.clone()
+    }
+    fn moves(&self, sketch: usize) -> CpuMoves {
+        CpuMoves::new(&self.sketches[sketch])
     }
 }
 
