@@ -143,10 +143,24 @@ fn two_shards_merged_cover_what_one_run_covers() {
         report.contains("tuned GFLOP/s") && report.contains("mm_b"),
         "{report}"
     );
-    let plots = std::fs::read_dir(dir.path().join("report"))
+    let plots: Vec<PathBuf> = std::fs::read_dir(dir.path().join("report"))
         .expect("plots")
-        .count();
-    assert_eq!(plots, 3, "{report}");
+        .map(|e| e.expect("entry").path())
+        .collect();
+    // An SVG and a PNG for each of the three kernels.
+    assert_eq!(plots.len(), 6, "{report}");
+    for p in &plots {
+        let bytes = std::fs::read(p).expect("plot");
+        match p.extension().and_then(|e| e.to_str()) {
+            Some("png") => assert!(bytes.starts_with(b"\x89PNG"), "{}", p.display()),
+            Some("svg") => assert!(
+                String::from_utf8_lossy(&bytes).contains("best-so-far"),
+                "{}",
+                p.display()
+            ),
+            _ => panic!("unexpected {}", p.display()),
+        }
+    }
 }
 
 #[test]

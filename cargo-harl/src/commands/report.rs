@@ -1,5 +1,5 @@
 //! `cargo harl report`: the tuning table of a crate's last tunes, read back from their trial
-//! logs, and each kernel's best-so-far curve (GFLOP/s against trials) plotted as SVG.
+//! logs, and each kernel's best-so-far curve (GFLOP/s against trials) plotted as SVG and PNG.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -168,21 +168,56 @@ pub fn run(args: ReportArgs) -> Result<ExitCode, ReportError> {
             .filter(|c| c.is_ascii_alphanumeric() || *c == '_')
             .take(64)
             .collect();
-        let path = args.out.join(format!("{name}-{key}.svg"));
-        plot(&path, &group).map_err(|why| ReportError::Plot {
-            path: path.clone(),
-            why,
-        })?;
-        println!("plotted {}", escape(&path.display().to_string()));
+        for ext in ["svg", "png"] {
+            let path = args.out.join(format!("{name}-{key}.{ext}"));
+            plot(&path, &group).map_err(|why| ReportError::Plot {
+                path: path.clone(),
+                why,
+            })?;
+            println!("plotted {}", escape(&path.display().to_string()));
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
 
-/// Best-so-far GFLOP/s against trials, a line per logged tune, the default schedule dashed.
+/// The plot's size in pixels.
+const PLOT_SIZE: (u32, u32) = (900, 540);
+
+/// Plots `tunes` into `path`: SVG or, for a `.png` path, a bitmap.
 fn plot(path: &Path, tunes: &[&Tune]) -> Result<(), String> {
     use plotters::prelude::*;
+    // Both backends lay text out with it.
+    register_font();
+    if path.extension().is_some_and(|e| e == "png") {
+        draw(
+            BitMapBackend::new(path, PLOT_SIZE).into_drawing_area(),
+            tunes,
+        )
+    } else {
+        draw(SVGBackend::new(path, PLOT_SIZE).into_drawing_area(), tunes)
+    }
+}
+
+/// Registers the embedded font as `sans-serif` (once): plotters draws text with it.
+fn register_font() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // Only fails on bytes that are not a font; these are a known font file.
+        let _ = plotters::style::register_font(
+            "sans-serif",
+            plotters::style::FontStyle::Normal,
+            epaint_default_fonts::UBUNTU_LIGHT,
+        );
+    });
+}
+
+/// Best-so-far GFLOP/s against trials, a line per logged tune, the default schedule dashed.
+fn draw<DB: plotters::prelude::DrawingBackend>(
+    root: plotters::drawing::DrawingArea<DB, plotters::coord::Shift>,
+    tunes: &[&Tune],
+) -> Result<(), String> {
+    use plotters::prelude::*;
     let err = |e: &dyn std::fmt::Display| e.to_string();
-    let root = SVGBackend::new(path, (900, 540)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(&e))?;
     let trials = tunes
         .iter()
