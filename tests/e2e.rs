@@ -190,6 +190,7 @@ fn cargo_run(dir: &Path, cache: Option<&Path>) -> Output {
         "HARL_TRIALS",
         "HARL_SEED",
         "HARL_STRATEGY",
+        "HARL_COST_MODEL",
     ] {
         cmd.env_remove(var);
     }

@@ -94,6 +94,7 @@ fn cargo_env(cmd: &mut Command) -> &mut Command {
         .env_remove("HARL_TRIALS")
         .env_remove("HARL_SEED")
         .env_remove("HARL_STRATEGY")
+        .env_remove("HARL_COST_MODEL")
         .env_remove("CARGO_MANIFEST_DIR")
 }
 

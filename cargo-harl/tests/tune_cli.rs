@@ -17,6 +17,7 @@ fn tool(args: &[&str]) -> Output {
         .env_remove("HARL_TRIALS")
         .env_remove("HARL_SEED")
         .env_remove("HARL_STRATEGY")
+        .env_remove("HARL_COST_MODEL")
         .output()
         .expect("run cargo-harl")
 }

@@ -11,7 +11,7 @@ use harl_build::default_schedule::{default_schedule, CpuTarget};
 use harl_build::schedule::Schedule;
 use harl_build::target::TargetFingerprint;
 use harl_te::Graph;
-use harl_tune::cost_model::XgbModel;
+use harl_tune::cost_model::{model_by_name, COST_MODEL_NAMES, DEFAULT_COST_MODEL};
 use harl_tune::measure::Candidate;
 use harl_tune::measure::{MeasureConfig, Measurer};
 use harl_tune::space::cpu::Task;
@@ -141,9 +141,14 @@ pub fn measure_default(graph: &Graph, threads: usize, seed: u64) -> Result<Optio
     Ok(r.into_iter().next().and_then(|m| m.latency_s))
 }
 
-/// Tunes `tasks` with the named strategy and task scheduler on this machine's variant.
+/// Tunes `tasks` with the named strategy and task scheduler on this machine's variant. A
+/// strategy may name its cost model after an `@` (`ansor@xgb-transfer`); without one it uses
+/// the default ([`DEFAULT_COST_MODEL`]).
 pub fn run_tasks(tasks: Vec<Task>, spec: &RunSpec<'_>) -> Result<TuneResult, Error> {
     let (strategy, scheduler, seed) = (spec.strategy, spec.scheduler, spec.seed);
+    let (strategy, model) = strategy
+        .split_once('@')
+        .unwrap_or((strategy, DEFAULT_COST_MODEL));
     let mut strategy = strategy_by_name(strategy, seed).ok_or_else(|| {
         format!(
             "unknown strategy `{strategy}` ({})",
@@ -152,7 +157,8 @@ pub fn run_tasks(tasks: Vec<Task>, spec: &RunSpec<'_>) -> Result<TuneResult, Err
     })?;
     let mut scheduler = scheduler_by_name(scheduler)
         .ok_or_else(|| format!("unknown task scheduler `{scheduler}`"))?;
-    let mut model = XgbModel::with_seed(seed);
+    let mut model = model_by_name(model, seed)
+        .ok_or_else(|| format!("unknown cost model `{model}` ({COST_MODEL_NAMES})"))??;
     let mut measurer = measurer(spec.threads, seed)?;
     let target = host_target(spec.threads);
     let options = TuneOptions {
@@ -168,7 +174,7 @@ pub fn run_tasks(tasks: Vec<Task>, spec: &RunSpec<'_>) -> Result<TuneResult, Err
         &options,
         strategy.as_mut(),
         scheduler.as_mut(),
-        &mut model,
+        model.as_mut(),
         &mut measurer,
     ))
 }

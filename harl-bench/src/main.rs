@@ -10,6 +10,7 @@
 //! are in [`kernels`].
 
 mod compare;
+mod dataset;
 mod gpu;
 mod harness;
 mod kernels;
@@ -27,6 +28,7 @@ mod stats;
 mod suite;
 mod summarize;
 mod timing;
+mod transfer_eval;
 mod tune;
 mod workload;
 
@@ -127,6 +129,12 @@ enum Command {
     /// The kernels of BERT-base, ResNet-50, MobileNet-V2 and LLM decode GEMVs against
     /// onnxruntime and numpy's BLAS (scripts/peers.py), default schedule and after --trials.
     Models(models::Options),
+    /// Tune a published set of workloads and store every measured trial: the cost models'
+    /// warm-start dataset (`--split train`, shipped in harl-tune) or held-out records
+    /// (`--split eval`).
+    Dataset(dataset::Options),
+    /// Cost models' ranking of held-out workloads after 0, 16, 64 of their own trials.
+    TransferEval(transfer_eval::Options),
     /// The tuning suite's workloads and the workload spec keys.
     List,
     /// The hidden matrixmultiply timing worker (see [`spine::WORKER_COMMAND`]).
@@ -200,6 +208,8 @@ fn run(command: Command) -> Result<(), Error> {
         Command::Gpu(options) => gpu::run(&options),
         Command::Math { rounds } => math::run(rounds),
         Command::Models(options) => models::run(&options),
+        Command::Dataset(options) => dataset::run(&options),
+        Command::TransferEval(options) => transfer_eval::run(&options),
         Command::List => {
             print!("{}", suite::list());
             Ok(())

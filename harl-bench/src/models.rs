@@ -388,6 +388,15 @@ impl Kind {
     }
 }
 
+/// The workload keys of the benchmark's kernels (the cost models' dataset must not hold them).
+#[cfg(test)]
+pub fn workload_keys() -> Result<Vec<String>, Error> {
+    kernels()
+        .iter()
+        .map(|(_, k)| Ok(k.graph()?.workload_key()))
+        .collect()
+}
+
 /// The residual add, if any, then the activation's stage, as the models order them.
 fn epilogue(
     g: &mut GraphBuilder,

@@ -8,7 +8,7 @@
 //! up to where the interrupted run stopped and goes on from there. `cargo harl report` reads the
 //! same logs.
 
-use crate::cost_model::XgbModel;
+use crate::cost_model::{model_by_name, CostModel, XgbModel, COST_MODEL_NAMES, DEFAULT_COST_MODEL};
 use crate::measure::Measure;
 use crate::measure::{MeasureConfig, Measurer};
 use crate::space::cpu::Task;
@@ -40,6 +40,8 @@ pub struct JobOptions {
     pub seed: u64,
     /// Search strategy ([`STRATEGY_NAMES`]).
     pub strategy: String,
+    /// Cost model ([`COST_MODEL_NAMES`]).
+    pub cost_model: String,
     /// Threads the kernels run with while measured (default: the manifest's).
     pub threads: Option<usize>,
     /// Tune only share `I` of `N` (`(I, N)`, `I < N`) of the kernels needing it.
@@ -59,6 +61,7 @@ impl Default for JobOptions {
             seconds: None,
             seed: 0,
             strategy: "ansor".into(),
+            cost_model: DEFAULT_COST_MODEL.into(),
             threads: None,
             shard: None,
             force: false,
@@ -74,6 +77,9 @@ pub enum JobError {
     /// An unknown strategy name.
     #[error("`{0}` is not a strategy ({STRATEGY_NAMES})")]
     Strategy(String),
+    /// An unknown cost model, or one that cannot be made (its dataset is unusable).
+    #[error("cost model `{0}`: {1}")]
+    CostModel(String, String),
     /// A shard that is not `I/N` with `I < N`.
     #[error("shard {0}/{1}: need 0 <= I < N")]
     Shard(usize, usize),
@@ -154,6 +160,7 @@ pub fn run(
     if strategy_by_name::<CpuSpace>(&options.strategy, options.seed).is_none() {
         return Err(JobError::Strategy(options.strategy.clone()));
     }
+    cost_model(options)?;
     let mut outcomes = Vec::new();
     if manifest.cuda {
         // GPU records are per device, which only the GPU measurer knows: every kernel of the
@@ -178,6 +185,16 @@ pub fn run(
         outcomes.push(outcome);
     }
     Ok(outcomes)
+}
+
+/// The job's cost model.
+fn cost_model(options: &JobOptions) -> Result<Box<dyn CostModel>, JobError> {
+    let bad = |why: String| JobError::CostModel(options.cost_model.clone(), why);
+    match model_by_name(&options.cost_model, options.seed) {
+        Some(Ok(m)) => Ok(m),
+        Some(Err(e)) => Err(bad(e.to_string())),
+        None => Err(bad(format!("not a cost model ({COST_MODEL_NAMES})"))),
+    }
 }
 
 /// The threads a job measures with.
@@ -268,7 +285,13 @@ fn tune_one(
         seed: options.seed,
         seed_default: true,
     };
-    let mut model = XgbModel::with_seed(options.seed);
+    let mut model = match cost_model(options) {
+        Ok(m) => m,
+        Err(e) => {
+            outcome.note = Some(e.to_string());
+            return outcome;
+        }
+    };
     let task = Task::new(kernel.name.clone(), kernel.graph.clone(), 1.0);
     let result = tune(
         vec![task],
@@ -276,7 +299,7 @@ fn tune_one(
         &tune_options,
         strategy.as_mut(),
         &mut RoundRobin::default(),
-        &mut model,
+        model.as_mut(),
         &mut logged,
     );
     drop(logged);

@@ -39,6 +39,9 @@ pub struct TuneArgs {
     /// Search strategy: harl, ansor, autotvm or random.
     #[arg(long, env = "HARL_STRATEGY", default_value = "ansor")]
     pub strategy: String,
+    /// Cost model: xgb-transfer (warm-started from harl's dataset), xgb (cold) or random.
+    #[arg(long, env = "HARL_COST_MODEL", default_value = harl_tune::cost_model::DEFAULT_COST_MODEL)]
+    pub cost_model: String,
     /// Seed of every search decision.
     #[arg(long, env = "HARL_SEED", default_value_t = 0)]
     pub seed: u64,
@@ -116,6 +119,7 @@ pub fn run(args: TuneArgs) -> Result<ExitCode, TuneError> {
         seconds: Some(args.seconds),
         seed: args.seed,
         strategy: args.strategy.clone(),
+        cost_model: args.cost_model.clone(),
         threads: args.threads,
         shard: args.shard,
         force: args.force,

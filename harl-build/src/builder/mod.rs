@@ -262,6 +262,7 @@ impl Builder {
             "HARL_TRIALS",
             "HARL_SEED",
             "HARL_STRATEGY",
+            "HARL_COST_MODEL",
             "HARL_TUNE_SECONDS",
             "HARL_GPU_TRIALS",
             "HARL_TUNER",

@@ -108,7 +108,8 @@ impl XgbModel {
         self.booster.as_ref().map(Booster::save_config)
     }
 
-    fn booster_config(&self) -> HashMap<String, String> {
+    /// XGBoost's configuration for these settings.
+    pub(crate) fn config(&self) -> HashMap<String, String> {
         let p = &self.params;
         [
             ("objective", "rank:pairwise".to_string()),
@@ -130,7 +131,11 @@ impl XgbModel {
 }
 
 /// A dense row-major matrix with NaN (not 0.0) as XGBoost's missing value.
-fn dmatrix(rows: &[&[f32]], n_features: usize, nthread: u32) -> Result<DMatrix, CostModelError> {
+pub(crate) fn dmatrix(
+    rows: &[&[f32]],
+    n_features: usize,
+    nthread: u32,
+) -> Result<DMatrix, CostModelError> {
     let mut data = Vec::with_capacity(rows.len() * n_features);
     for r in rows {
         data.extend_from_slice(r);
@@ -163,38 +168,14 @@ impl CostModel for XgbModel {
             self.booster = None;
             return Ok(());
         }
-        // XGBoost wants each group's rows contiguous; a stable sort keeps the given order within.
-        let mut order: Vec<usize> = (0..features.len()).collect();
-        order.sort_by_key(|&i| groups[i]);
-        // Labels: throughput over the task's best (only the order within a task matters; this
-        // keeps values in f32 range).
-        let mut scale: HashMap<usize, f64> = HashMap::new();
-        for (&g, &t) in groups.iter().zip(throughput) {
-            let s = scale.entry(g).or_insert(0.0);
-            *s = s.max(t.abs());
-        }
-        let labels: Vec<f32> = order
-            .iter()
-            .map(|&i| {
-                let s = scale.get(&groups[i]).copied().unwrap_or(1.0);
-                (if s > 0.0 { throughput[i] / s } else { 0.0 }) as f32
-            })
-            .collect();
-        let mut sizes: Vec<u32> = Vec::new();
-        for (k, &i) in order.iter().enumerate() {
-            if k == 0 || groups[i] != groups[order[k - 1]] {
-                sizes.push(0);
-            }
-            if let Some(last) = sizes.last_mut() {
-                *last += 1;
-            }
-        }
+        let (order, sizes) = group_sizes(groups);
+        let labels = ranking_labels(&order, throughput, groups);
         let rows: Vec<&[f32]> = order.iter().map(|&i| features[i].as_slice()).collect();
         let mut dtrain = dmatrix(&rows, n_features, self.params.nthread)?;
         dtrain.set_labels(&labels)?;
         dtrain.set_group(&sizes)?;
         // Booster::train would build a fixed 16 trees; one update per round instead.
-        let mut booster = Booster::new_with_json_config(&[&dtrain], self.booster_config())?;
+        let mut booster = Booster::new_with_json_config(&[&dtrain], self.config())?;
         for round in 0..self.params.rounds {
             booster.update(&dtrain, round as i32)?;
         }
@@ -223,4 +204,38 @@ impl CostModel for XgbModel {
         }
         Ok(out.into_iter().map(f64::from).collect())
     }
+}
+
+/// The row order that makes each group contiguous (a stable sort keeps the given order within,
+/// as XGBoost's ranking wants), and the group sizes in that order.
+pub(crate) fn group_sizes(groups: &[usize]) -> (Vec<usize>, Vec<u32>) {
+    let mut order: Vec<usize> = (0..groups.len()).collect();
+    order.sort_by_key(|&i| groups[i]);
+    let mut sizes: Vec<u32> = Vec::new();
+    for (k, &i) in order.iter().enumerate() {
+        if k == 0 || groups[i] != groups[order[k - 1]] {
+            sizes.push(0);
+        }
+        if let Some(last) = sizes.last_mut() {
+            *last += 1;
+        }
+    }
+    (order, sizes)
+}
+
+/// Labels in `order`: throughput over its group's best (only the order within a group
+/// matters; this keeps values in f32 range).
+pub(crate) fn ranking_labels(order: &[usize], throughput: &[f64], groups: &[usize]) -> Vec<f32> {
+    let mut scale: HashMap<usize, f64> = HashMap::new();
+    for (&g, &t) in groups.iter().zip(throughput) {
+        let s = scale.entry(g).or_insert(0.0);
+        *s = s.max(t.abs());
+    }
+    order
+        .iter()
+        .map(|&i| {
+            let s = scale.get(&groups[i]).copied().unwrap_or(1.0);
+            (if s > 0.0 { throughput[i] / s } else { 0.0 }) as f32
+        })
+        .collect()
 }

@@ -1,0 +1,223 @@
+//! XGBoost warm-started from earlier measurements (AutoTVM's transfer learning): a *prior*
+//! booster fitted once on a dataset of other workloads' trials ([`super::dataset`]: the
+//! shipped one, plus whatever the caller adds), and per task a booster fitted on the task's own
+//! trials on top of the prior's scores (its margin is the task booster's base margin). Before a
+//! task has a trial the prior ranks alone, so no ranking is ever random; as trials come in,
+//! the task booster corrects the prior where this workload differs.
+
+use super::dataset::{Dataset, Rows};
+use super::xgb::{dmatrix, group_sizes, ranking_labels};
+use super::{check_rows, check_training_set, CostModel, CostModelError, XgbModel, XgbParams};
+use std::rc::Rc;
+use std::sync::OnceLock;
+use xgboost_rs::Booster;
+
+/// A prior booster with a task booster on top of it.
+pub struct TransferModel {
+    prior: Rc<XgbModel>,
+    params: XgbParams,
+    task: Option<Booster>,
+}
+
+impl TransferModel {
+    /// A model over `prior` (trained; shared by the tasks of a job), whose task boosters use
+    /// `params`.
+    pub fn new(prior: Rc<XgbModel>, params: XgbParams) -> Self {
+        TransferModel {
+            prior,
+            params,
+            task: None,
+        }
+    }
+
+    /// A prior fitted on `rows` (a group per workload) with `params`; `warmup_rows` is ignored.
+    pub fn fit_prior(rows: &Rows, params: &XgbParams) -> Result<XgbModel, CostModelError> {
+        let mut prior = XgbModel::new(XgbParams {
+            warmup_rows: 0,
+            ..params.clone()
+        });
+        prior.train(&rows.features, &rows.throughput, &rows.groups)?;
+        Ok(prior)
+    }
+
+    /// The shipped dataset's rows, extracted once per process (features of today's feature
+    /// set); empty when the dataset is missing.
+    pub fn shipped_rows() -> &'static Rows {
+        static ROWS: OnceLock<Rows> = OnceLock::new();
+        ROWS.get_or_init(|| Dataset::shipped().map(Dataset::rows).unwrap_or_default())
+    }
+
+    /// The prior's margins of `features`.
+    fn prior_margin(&self, features: &[Vec<f32>]) -> Result<Vec<f32>, CostModelError> {
+        Ok(self
+            .prior
+            .predict(features)?
+            .into_iter()
+            .map(|x| x as f32)
+            .collect())
+    }
+}
+
+impl CostModel for TransferModel {
+    fn name(&self) -> &str {
+        "xgb-transfer"
+    }
+
+    fn train(
+        &mut self,
+        features: &[Vec<f32>],
+        throughput: &[f64],
+        groups: &[usize],
+    ) -> Result<(), CostModelError> {
+        let n_features = check_training_set(features, throughput, groups)?;
+        if features.len() < 2 || n_features == 0 {
+            self.task = None;
+            return Ok(());
+        }
+        let (order, sizes) = group_sizes(groups);
+        let labels = ranking_labels(&order, throughput, groups);
+        let rows: Vec<Vec<f32>> = order.iter().map(|&i| features[i].clone()).collect();
+        let base = self.prior_margin(&rows)?;
+        let slices: Vec<&[f32]> = rows.iter().map(Vec::as_slice).collect();
+        let mut dtrain = dmatrix(&slices, n_features, self.params.nthread)?;
+        dtrain.set_labels(&labels)?;
+        dtrain.set_group(&sizes)?;
+        dtrain.set_base_margin(&base)?;
+        let mut booster =
+            Booster::new_with_json_config(&[&dtrain], XgbModel::new(self.params.clone()).config())?;
+        for round in 0..self.params.rounds {
+            booster.update(&dtrain, round as i32)?;
+        }
+        self.task = Some(booster);
+        Ok(())
+    }
+
+    fn predict(&self, features: &[Vec<f32>]) -> Result<Vec<f64>, CostModelError> {
+        let Some(booster) = &self.task else {
+            return self.prior.predict(features);
+        };
+        let n = features.first().map_or(0, Vec::len);
+        check_rows(features, n)?;
+        if features.is_empty() {
+            return Ok(vec![]);
+        }
+        let base = self.prior_margin(features)?;
+        let rows: Vec<&[f32]> = features.iter().map(Vec::as_slice).collect();
+        let mut dtest = dmatrix(&rows, n, self.params.nthread)?;
+        dtest.set_base_margin(&base)?;
+        let out = booster.predict(&dtest)?;
+        if out.len() != features.len() {
+            return Err(CostModelError::Xgboost(format!(
+                "{} predictions for {} rows",
+                out.len(),
+                features.len()
+            )));
+        }
+        Ok(out.into_iter().map(f64::from).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cost_model::dataset::Measured;
+    use crate::cost_model::pairwise_accuracy;
+    use harl_build::rng::Rng;
+
+    /// A synthetic law shared by every workload: throughput rises with feature 0 and falls
+    /// with feature 1; the other features are noise.
+    fn group(rng: &mut Rng, n: usize) -> Vec<Measured> {
+        (0..n)
+            .map(|_| {
+                let f: Vec<f32> = (0..6).map(|_| rng.unit() as f32).collect();
+                let throughput = 1.0 + 2.0 * f64::from(f[0]) - f64::from(f[1]);
+                (f, Some(1.0 / throughput))
+            })
+            .collect()
+    }
+
+    fn accuracy(model: &dyn CostModel, test: &[Measured]) -> f64 {
+        let feats: Vec<Vec<f32>> = test.iter().map(|t| t.0.clone()).collect();
+        let truth: Vec<f64> = test.iter().map(|t| 1.0 / t.1.expect("ok")).collect();
+        pairwise_accuracy(&model.predict(&feats).expect("predict"), &truth)
+    }
+
+    #[test]
+    fn the_prior_ranks_an_unseen_workload_before_any_of_its_trials() {
+        let mut rng = Rng::new(1);
+        let mut rows = Rows::default();
+        for _ in 0..8 {
+            rows.push_group(group(&mut rng, 40));
+        }
+        let params = XgbParams {
+            rounds: 30,
+            ..XgbParams::default()
+        };
+        let prior = Rc::new(TransferModel::fit_prior(&rows, &params).expect("prior"));
+        let model = TransferModel::new(prior.clone(), params.clone());
+        let test = group(&mut rng, 60);
+        let cold = XgbModel::with_seed(0);
+        let (warm_acc, cold_acc) = (accuracy(&model, &test), accuracy(&cold, &test));
+        assert!(warm_acc > 0.8, "transfer at 0 trials: {warm_acc}");
+        assert!(cold_acc < 0.65, "cold at 0 trials is random: {cold_acc}");
+        // The same prior and trials give the same scores.
+        let again = TransferModel::new(prior, params);
+        let feats: Vec<Vec<f32>> = test.iter().map(|t| t.0.clone()).collect();
+        assert_eq!(
+            model.predict(&feats).expect("a"),
+            again.predict(&feats).expect("b")
+        );
+    }
+
+    #[test]
+    fn own_trials_correct_a_prior_that_is_wrong_for_this_workload() {
+        let mut rng = Rng::new(2);
+        let mut rows = Rows::default();
+        for _ in 0..6 {
+            rows.push_group(group(&mut rng, 40));
+        }
+        let params = XgbParams {
+            rounds: 30,
+            ..XgbParams::default()
+        };
+        let prior = Rc::new(TransferModel::fit_prior(&rows, &params).expect("prior"));
+        let mut model = TransferModel::new(prior, params);
+        // This workload's law is the opposite on feature 0.
+        let flipped = |g: Vec<Measured>| -> Vec<Measured> {
+            g.into_iter()
+                .map(|(f, _)| {
+                    let t = 3.0 - 2.0 * f64::from(f[0]) - f64::from(f[1]);
+                    (f, Some(1.0 / t))
+                })
+                .collect()
+        };
+        let own = flipped(group(&mut rng, 64));
+        let test = flipped(group(&mut rng, 60));
+        let before = accuracy(&model, &test);
+        let mut task = Rows::default();
+        task.push_group(own);
+        model
+            .train(&task.features, &task.throughput, &task.groups)
+            .expect("train");
+        let after = accuracy(&model, &test);
+        assert!(before < 0.5, "the prior is wrong here: {before}");
+        assert!(after > before + 0.2, "own trials: {before} -> {after}");
+    }
+
+    #[test]
+    fn the_shipped_dataset_gives_training_rows() {
+        let data = Dataset::shipped().expect("the shipped dataset parses");
+        assert!(data.workloads.len() >= 16, "{}", data.workloads.len());
+        let rows = TransferModel::shipped_rows();
+        assert!(
+            rows.len() * 10 >= data.trials() * 9,
+            "{} of {} trials lower today",
+            rows.len(),
+            data.trials()
+        );
+        assert_eq!(
+            rows.groups.last().map(|g| g + 1),
+            Some(data.workloads.len())
+        );
+    }
+}
