@@ -124,8 +124,11 @@ struct SavedRun {
 /// and machines change between sessions.
 fn run_key(o: &Options, spec: &str, strategy: &str, seed: u64) -> Value {
     let host = TargetFingerprint::host();
+    let cost_model = strategy
+        .split_once('@')
+        .map_or(harl_tune::cost_model::DEFAULT_COST_MODEL, |(_, m)| m);
     json!({
-        "spec": spec, "strategy": strategy, "seed": seed, "trials": o.trials,
+        "spec": spec, "strategy": strategy, "cost_model": cost_model, "seed": seed, "trials": o.trials,
         "threads": o.threads, "batch": o.batch, "seed_default": o.seed_default,
         "isa_class": host.isa_class, "cpu_model": host.cpu_model,
     })

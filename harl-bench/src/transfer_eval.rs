@@ -10,7 +10,7 @@
 use crate::Error;
 use harl_tune::cost_model::dataset::{Dataset, Measured, Rows};
 use harl_tune::cost_model::{
-    model_by_name, pairwise_accuracy, top_k_recall, CostModel, XgbModel, XgbParams,
+    model_by_name, pairwise_accuracy, top_k_recall, CostModel, TransferModel, XgbModel, XgbParams,
 };
 use harl_tune::features;
 use std::path::PathBuf;
@@ -42,6 +42,23 @@ pub struct Options {
 }
 
 fn model(name: &str, seed: u64) -> Result<Box<dyn CostModel>, Error> {
+    // `xgb-transfer/ROUNDS/DEPTH/ETA`: the task booster with other settings (to tune them).
+    if let Some(rest) = name.strip_prefix("xgb-transfer/") {
+        let v: Vec<&str> = rest.split('/').collect();
+        let bad = || format!("`{name}`: want xgb-transfer/ROUNDS/DEPTH/ETA");
+        let [r, d, e] = v[..] else {
+            return Err(bad().into());
+        };
+        let params = XgbParams {
+            rounds: r.parse().map_err(|_| bad())?,
+            max_depth: d.parse().map_err(|_| bad())?,
+            eta: e.parse().map_err(|_| bad())?,
+            ..TransferModel::task_params(seed)
+        };
+        return Ok(Box::new(
+            TransferModel::shipped(seed)?.with_task_params(params),
+        ));
+    }
     if name == "xgb-nowarmup" {
         return Ok(Box::new(XgbModel::new(XgbParams {
             seed,
@@ -58,6 +75,17 @@ fn model(name: &str, seed: u64) -> Result<Box<dyn CostModel>, Error> {
 /// Runs the evaluation and prints the table.
 pub fn run(o: &Options) -> Result<(), Error> {
     let data = Dataset::read(&o.eval)?;
+    // What warm start costs a tuning process once: the shipped dataset's features, the prior.
+    let t0 = Instant::now();
+    let rows = TransferModel::shipped_rows();
+    let extract_s = t0.elapsed().as_secs_f64();
+    let t1 = Instant::now();
+    TransferModel::shipped(1 << 40)?;
+    let prior_s = t1.elapsed().as_secs_f64();
+    println!(
+        "warm start: {} dataset rows, features extracted in {extract_s:.2} s, prior fitted in {prior_s:.2} s",
+        rows.len()
+    );
     // (features, latency) of each workload's lowering trials, in measured order.
     let workloads: Vec<(String, Vec<Measured>)> = data
         .workloads
@@ -129,6 +157,9 @@ pub fn run(o: &Options) -> Result<(), Error> {
             "eval_target": data.header.target,
             "workloads": workloads.iter().map(|w| &w.0).collect::<Vec<_>>(),
             "seeds": o.seeds,
+            "dataset_rows": rows.len(),
+            "feature_extraction_s": extract_s,
+            "prior_fit_s": prior_s,
             "rows": table,
         });
         std::fs::write(out, serde_json::to_string_pretty(&doc)? + "\n")?;

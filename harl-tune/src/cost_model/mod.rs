@@ -76,7 +76,7 @@ impl From<xgboost_rs::XGBError> for CostModelError {
 }
 
 /// The model tuning uses unless told otherwise (`HARL_COST_MODEL`).
-pub const DEFAULT_COST_MODEL: &str = "xgb";
+pub const DEFAULT_COST_MODEL: &str = "xgb-transfer";
 
 /// The names [`model_by_name`] accepts, for messages.
 pub const COST_MODEL_NAMES: &str = "xgb-transfer, xgb, random";
@@ -87,39 +87,13 @@ pub const COST_MODEL_NAMES: &str = "xgb-transfer, xgb, random";
 /// `random`. `None` for an unknown name.
 pub fn model_by_name(name: &str, seed: u64) -> Option<Result<Box<dyn CostModel>, CostModelError>> {
     match name {
-        "xgb-transfer" => Some(transfer_model(seed).map(|m| Box::new(m) as Box<dyn CostModel>)),
+        "xgb-transfer" => {
+            Some(TransferModel::shipped(seed).map(|m| Box::new(m) as Box<dyn CostModel>))
+        }
         "xgb" => Some(Ok(Box::new(XgbModel::with_seed(seed)))),
         "random" => Some(Ok(Box::new(RandomModel::new(seed)))),
         _ => None,
     }
-}
-
-/// A transfer model over the shipped dataset's prior for `seed`, made once per thread.
-fn transfer_model(seed: u64) -> Result<TransferModel, CostModelError> {
-    thread_local! {
-        static PRIORS: std::cell::RefCell<HashMap<u64, std::rc::Rc<XgbModel>>> =
-            std::cell::RefCell::new(HashMap::new());
-    }
-    let params = XgbParams {
-        seed,
-        ..XgbParams::default()
-    };
-    let prior = match PRIORS.with(|p| p.borrow().get(&seed).cloned()) {
-        Some(p) => p,
-        None => {
-            let rows = TransferModel::shipped_rows();
-            if rows.is_empty() {
-                return Err(CostModelError::Records {
-                    path: PathBuf::from("data/dataset.jsonl.gz"),
-                    why: "the shipped dataset has no usable trials".into(),
-                });
-            }
-            let p = std::rc::Rc::new(TransferModel::fit_prior(rows, &params)?);
-            PRIORS.with(|m| m.borrow_mut().insert(seed, p.clone()));
-            p
-        }
-    };
-    Ok(TransferModel::new(prior, params))
 }
 
 /// A model that scores schedules by their feature vectors.

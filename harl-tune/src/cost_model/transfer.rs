@@ -8,6 +8,10 @@
 use super::dataset::{Dataset, Rows};
 use super::xgb::{dmatrix, group_sizes, ranking_labels};
 use super::{check_rows, check_training_set, CostModel, CostModelError, XgbModel, XgbParams};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::mem::ManuallyDrop;
+use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::OnceLock;
 use xgboost_rs::Booster;
@@ -38,6 +42,59 @@ impl TransferModel {
         });
         prior.train(&rows.features, &rows.throughput, &rows.groups)?;
         Ok(prior)
+    }
+
+    /// A model over the shipped dataset's prior fitted with `seed` (once per thread and seed),
+    /// with the default task booster settings ([`TransferModel::task_params`]).
+    pub fn shipped(seed: u64) -> Result<TransferModel, CostModelError> {
+        thread_local! {
+            // Never dropped: a booster freed by a thread-local destructor at process exit can
+            // run after XGBoost's own statics are gone (a crash on exit). The OS frees it.
+            static PRIORS: ManuallyDrop<RefCell<HashMap<u64, Rc<XgbModel>>>> =
+                ManuallyDrop::new(RefCell::new(HashMap::new()));
+        }
+        let params = XgbParams {
+            seed,
+            ..XgbParams::default()
+        };
+        let prior = match PRIORS.with(|p| p.borrow().get(&seed).cloned()) {
+            Some(p) => p,
+            None => {
+                let rows = TransferModel::shipped_rows();
+                if rows.is_empty() {
+                    return Err(CostModelError::Records {
+                        path: PathBuf::from("data/dataset.jsonl.gz"),
+                        why: "the shipped dataset has no usable trials".into(),
+                    });
+                }
+                let p = Rc::new(TransferModel::fit_prior(rows, &params)?);
+                PRIORS.with(|m| m.borrow_mut().insert(seed, p.clone()));
+                p
+            }
+        };
+        Ok(TransferModel::new(prior, TransferModel::task_params(seed)))
+    }
+
+    /// The task booster's settings: gentler than the prior's (shallower trees, fewer rounds,
+    /// a smaller step), so a few dozen of the task's own trials correct the prior rather
+    /// than replace it.
+    pub fn task_params(seed: u64) -> XgbParams {
+        XgbParams {
+            seed,
+            rounds: 10,
+            max_depth: 2,
+            eta: 0.05,
+            ..XgbParams::default()
+        }
+    }
+
+    /// The same prior with other task booster settings.
+    pub fn with_task_params(self, params: XgbParams) -> TransferModel {
+        TransferModel {
+            params,
+            task: None,
+            ..self
+        }
     }
 
     /// The shipped dataset's rows, extracted once per process (features of today's feature
@@ -150,7 +207,6 @@ mod tests {
             rows.push_group(group(&mut rng, 40));
         }
         let params = XgbParams {
-            rounds: 30,
             ..XgbParams::default()
         };
         let prior = Rc::new(TransferModel::fit_prior(&rows, &params).expect("prior"));
@@ -177,7 +233,6 @@ mod tests {
             rows.push_group(group(&mut rng, 40));
         }
         let params = XgbParams {
-            rounds: 30,
             ..XgbParams::default()
         };
         let prior = Rc::new(TransferModel::fit_prior(&rows, &params).expect("prior"));

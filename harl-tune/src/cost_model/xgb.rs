@@ -119,7 +119,8 @@ impl XgbModel {
             ("min_child_weight", p.min_child_weight.to_string()),
             ("lambda", p.lambda.to_string()),
             ("tree_method", p.tree_method.clone()),
-            ("seed", p.seed.to_string()),
+            // XGBoost reads a signed 64-bit seed; any u64 seed (HARL_SEED) maps into it.
+            ("seed", (p.seed & i64::MAX as u64).to_string()),
             ("nthread", p.nthread.max(1).to_string()),
             ("verbosity", "0".to_string()),
             ("disable_default_eval_metric", "1".to_string()),
