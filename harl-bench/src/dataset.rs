@@ -118,6 +118,13 @@ pub fn split(name: &str) -> Result<Vec<(String, String)>, Error> {
     }
 }
 
+/// This machine's fingerprint, as the bench's variant (`HARL_ISA`) presents it.
+fn bench_target() -> TargetFingerprint {
+    let mut t = TargetFingerprint::host();
+    t.isa_class = crate::harness::bench_variant().isa_class(&t.arch);
+    t
+}
+
 /// Tunes the split's workloads and writes the dataset.
 pub fn run(o: &Options) -> Result<(), Error> {
     let start = Instant::now();
@@ -164,7 +171,7 @@ pub fn run(o: &Options) -> Result<(), Error> {
     let dataset = Dataset {
         header: DatasetHeader {
             version: DATASET_VERSION,
-            target: TargetFingerprint::host(),
+            target: bench_target(),
             threads: o.threads,
             note: format!(
                 "harl-bench dataset --split {} --trials {} --threads {} --seed {} --strategy {}",

@@ -13,7 +13,7 @@ use harl_build::target::TargetFingerprint;
 use harl_te::Graph;
 use harl_tune::cost_model::{model_by_name, COST_MODEL_NAMES, DEFAULT_COST_MODEL};
 use harl_tune::measure::Candidate;
-use harl_tune::measure::{MeasureConfig, Measurer};
+use harl_tune::measure::{host_variant, MeasureConfig, Measurer};
 use harl_tune::space::cpu::Task;
 use harl_tune::strategy::strategy_by_name;
 use harl_tune::task_scheduler::scheduler_by_name;
@@ -60,6 +60,7 @@ fn measure_config(threads: usize, seed: u64) -> MeasureConfig {
     config.threads = threads;
     config.seed = seed;
     config.timeout = Duration::from_secs(10);
+    config.variant = Some(bench_variant());
     config
 }
 
@@ -76,14 +77,26 @@ pub fn full_measurer(threads: usize, seed: u64) -> Result<Measurer, Error> {
     })?)
 }
 
-/// The default schedule's plan for this machine's variant with `threads` threads.
+/// The ISA variant the bench tunes and measures: this machine's, or the lower one `HARL_ISA`
+/// (`avx2`, `baseline`) names, as it lowers the runtime's (AVX2 figures on an AVX-512 machine).
+pub fn bench_variant() -> Variant {
+    let host = host_variant();
+    let asked = match std::env::var("HARL_ISA").ok().as_deref() {
+        Some("avx2") => Variant::Avx2,
+        Some("baseline") => Variant::Base,
+        _ => host,
+    };
+    let rank = |v: Variant| Variant::ALL.iter().position(|&x| x == v);
+    if rank(asked) > rank(host) {
+        asked
+    } else {
+        host
+    }
+}
+
+/// The default schedule's plan for the bench's variant with `threads` threads.
 pub fn host_target(threads: usize) -> CpuTarget {
-    let host = TargetFingerprint::host();
-    let variant = Variant::ALL
-        .into_iter()
-        .find(|v| v.isa_class(&host.arch) == host.isa_class)
-        .unwrap_or(Variant::Base);
-    variant.cpu_target(&host.arch, threads)
+    bench_variant().cpu_target(&TargetFingerprint::host().arch, threads)
 }
 
 /// Latencies of `schedule` and of the default schedule, measured in one batch like trials

@@ -38,6 +38,7 @@ fn config() -> MeasureConfig {
         slow_cutoff: 0.0,
         relative_timeout: 0.0,
         build_timeout: Duration::from_secs(10 * 60),
+        variant: None,
     }
 }
 
@@ -511,4 +512,24 @@ fn legitimate_schedules_pass_the_stronger_checks() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn a_lower_variant_is_built_and_dispatched_to() {
+    // The portable variant runs everywhere: its worker must dispatch to it (`HARL_ISA`), or
+    // the worker refuses to time a variant it would not call.
+    let graph = w::matmul(16, 24, 8).expect("matmul");
+    let mut m = Measurer::new(MeasureConfig {
+        work_dir: harl_path().join("target").join("measure-tests-base"),
+        variant: Some(harl_build::codegen::Variant::Base),
+        ..config()
+    })
+    .expect("measurer");
+    assert_eq!(m.variant(), harl_build::codegen::Variant::Base);
+    let target = harl_build::codegen::Variant::Base.cpu_target(std::env::consts::ARCH, 1);
+    let r = m.measure(
+        &graph,
+        &[Candidate::Schedule(default_schedule(&graph, &target))],
+    );
+    assert!(r[0].latency_s.is_some(), "{:?}", r[0].error);
 }

@@ -102,6 +102,10 @@ pub struct MeasureConfig {
     /// the batch is bisected with half the limit per half (down to a quarter of it), so a
     /// pathological candidate fails alone; a normal batch takes seconds to a few minutes.
     pub build_timeout: Duration,
+    /// Measure this ISA variant instead of the host's ([`host_variant`]): one the host runs,
+    /// lower than its own, as `HARL_ISA` lowers what the runtime dispatches to (AVX2 records
+    /// made on an AVX-512 machine). `None`: the host's.
+    pub variant: Option<Variant>,
 }
 
 impl MeasureConfig {
@@ -123,6 +127,7 @@ impl MeasureConfig {
             slow_cutoff: 2.0,
             relative_timeout: 100.0,
             build_timeout: Duration::from_secs(10 * 60),
+            variant: None,
         }
     }
 }
@@ -465,8 +470,18 @@ impl Measurer {
             harl_path,
             ..config
         };
+        let host = host_variant();
+        let variant = config.variant.unwrap_or(host);
+        let rank = |v: Variant| Variant::ALL.iter().position(|&x| x == v);
+        if rank(variant) < rank(host) {
+            return Err(MeasureError::Config(format!(
+                "this machine runs the {} variant at most, not {}",
+                host.name(),
+                variant.name()
+            )));
+        }
         let m = Measurer {
-            variant: host_variant(),
+            variant,
             data: Mutex::new(HashMap::new()),
             best_s: None,
             config,
@@ -508,6 +523,16 @@ impl Measurer {
     /// The ISA variant candidates are emitted and measured for.
     pub fn variant(&self) -> Variant {
         self.variant
+    }
+
+    /// The `HARL_ISA` a worker runs with: none for the host's variant, else the lower one it
+    /// measures (the worker checks that it dispatches to the variant it was built for).
+    fn isa_override(&self) -> Option<(&'static str, &'static str)> {
+        match self.variant {
+            v if v == host_variant() => None,
+            Variant::Avx2 => Some(("HARL_ISA", "avx2")),
+            _ => Some(("HARL_ISA", "baseline")),
+        }
     }
 
     /// Measures a batch of candidates of `graph`: one [`Measurement`] per candidate, in order.
@@ -899,6 +924,7 @@ impl Measurer {
             .arg(c.warmup.to_string())
             .arg(format!("{cutoff_s:e}"))
             .env_remove("HARL_ISA")
+            .envs(self.isa_override())
             .env("RUST_BACKTRACE", "0")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
