@@ -89,6 +89,18 @@ fn two_shards_merged_cover_what_one_run_covers() {
     assert!(said.contains("speed-up"), "the closing table: {said}");
     let whole = coverage(&single);
     assert_eq!(whole.len(), 3, "one record per workload: {whole:?}");
+    // Each kernel's finalists and default were timed again after its search, in the log.
+    for log in std::fs::read_dir(work.join("harl/tune-log")).expect("logs") {
+        let text = std::fs::read_to_string(log.expect("log").path()).expect("read");
+        let finals = text
+            .lines()
+            .filter(|l| l.contains("\"final_round\":true"))
+            .count();
+        assert!(
+            finals >= 2 * 3,
+            "three rounds of at least two schedules: {text}"
+        );
+    }
 
     let (a, b) = (cache("shard0"), cache("shard1"));
     tune(&["--shard", "0/2"], &a);

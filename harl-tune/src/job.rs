@@ -15,7 +15,7 @@ use crate::space::cpu::Task;
 use crate::space::CpuSpace;
 use crate::strategy::{strategy_by_name, STRATEGY_NAMES};
 use crate::task_scheduler::RoundRobin;
-use crate::tuner::{best_candidate, tune, TuneOptions};
+use crate::tuner::{finalists, retime_finalists, tune, TuneOptions};
 use harl_build::cache::{LookupSource, Record, TuningCache};
 use harl_build::codegen::Variant;
 use harl_build::default_schedule::default_schedule;
@@ -24,7 +24,7 @@ use harl_build::manifest::{Manifest, ManifestKernel, TuneOutcome};
 use harl_build::schedule::Schedule;
 use harl_te::Graph;
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -197,6 +197,11 @@ fn cost_model(options: &JobOptions) -> Result<Box<dyn CostModel>, JobError> {
     }
 }
 
+/// The search's fastest schedules timed again beside the default before one is shipped.
+const FINALISTS: usize = 3;
+/// Rounds of that re-timing (medians).
+const FINAL_ROUNDS: usize = 3;
+
 /// The threads a job measures with.
 pub fn threads(manifest: &Manifest, options: &JobOptions) -> usize {
     options.threads.unwrap_or(manifest.threads).max(1)
@@ -302,23 +307,37 @@ fn tune_one(
         model.as_mut(),
         &mut logged,
     );
-    drop(logged);
     outcome.trials = result.trials;
-    let tuned = result
-        .tasks
-        .first()
-        .and_then(best_candidate)
-        .map(|(c, l)| (c.schedule.clone(), l));
-    // Tuning never ships something slower than the default schedule.
-    let (schedule, latency) = match (tuned, default_latency) {
-        (Some((s, l)), Some(d)) if l < d => (s, l),
-        (_, Some(d)) => (default, d),
-        (Some((s, l)), None) => (s, l),
-        (None, None) => {
-            outcome.note = Some("every trial failed; the build keeps the default schedule".into());
-            outcome.wall_s = start.elapsed().as_secs_f64();
-            return outcome;
-        }
+    // What ships is chosen on the finalists and the default timed again side by side, never
+    // on the search's one-off timings: the default is shipped unless a finalist beats it there.
+    let mut schedules = vec![default.clone()];
+    if let Some(state) = result.tasks.first() {
+        schedules.extend(
+            finalists(state, FINALISTS)
+                .into_iter()
+                .filter(|s| *s != default),
+        );
+    }
+    // Through the trial log, so a resumed tune replays these too and ships the same.
+    logged.is_final = true;
+    let medians = if schedules.len() > 1 {
+        retime_finalists(&mut logged, &kernel.graph, &schedules, FINAL_ROUNDS)
+    } else {
+        vec![default_latency]
+    };
+    drop(logged);
+    if let Some(d) = medians[0] {
+        outcome.default_latency_s = Some(d);
+    }
+    let chosen = schedules
+        .into_iter()
+        .zip(medians)
+        .filter_map(|(s, m)| m.map(|m| (s, m)))
+        .min_by(|a, b| a.1.total_cmp(&b.1));
+    let Some((schedule, latency)) = chosen else {
+        outcome.note = Some("every trial failed; the build keeps the default schedule".into());
+        outcome.wall_s = start.elapsed().as_secs_f64();
+        return outcome;
     };
     outcome.latency_s = Some(latency);
     let record = Record::new(
@@ -364,7 +383,7 @@ fn tune_gpu(
     use crate::measure::gpu::{GpuMeasureConfig, GpuMeasurer};
     use crate::space::GpuSpace;
     use crate::task::TaskState;
-    use crate::tuner::{default_latency, tune_states};
+    use crate::tuner::{best_candidate, default_latency, tune_states};
     let graph = &kernel.graph;
     let space = GpuSpace::new(graph)?;
     let mut outcome = TuneOutcome {
@@ -483,6 +502,9 @@ pub struct LogTrial {
     /// Whether this is the default schedule (measured before the search).
     #[serde(default)]
     pub default: bool,
+    /// Whether this is a re-timing of the finalists after the search (not a search trial).
+    #[serde(default)]
+    pub final_round: bool,
     /// Seconds since the kernel's tune started.
     pub elapsed_s: f64,
 }
@@ -502,12 +524,15 @@ struct TrialLog<'a> {
     inner: &'a mut dyn Measure,
     progress: &'a mut dyn Progress,
     replay: HashMap<String, Result<f64, String>>,
+    /// The finalists' logged re-timings per schedule, in order.
+    finals: HashMap<String, VecDeque<Result<f64, String>>>,
     file: Option<std::fs::File>,
     flops: f64,
     start: Instant,
     trials: usize,
     best: Option<f64>,
     is_default: bool,
+    is_final: bool,
 }
 
 impl<'a> TrialLog<'a> {
@@ -520,22 +545,23 @@ impl<'a> TrialLog<'a> {
         inner: &'a mut dyn Measure,
         progress: &'a mut dyn Progress,
     ) -> Self {
-        let replay = read_log(path)
-            .filter(|(h, _)| h.workload_key == kernel.workload_key)
-            .map(|(_, trials)| {
-                trials
-                    .into_iter()
-                    .filter_map(|t| {
-                        let key = serde_json::to_string(&t.schedule).ok()?;
-                        let result = match (t.latency_s, t.error) {
-                            (Some(l), _) if l.is_finite() && l > 0.0 => Ok(l),
-                            (_, e) => Err(e.unwrap_or_else(|| "failed".into())),
-                        };
-                        Some((key, result))
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
+        let mut replay = HashMap::new();
+        let mut finals: HashMap<String, VecDeque<Result<f64, String>>> = HashMap::new();
+        let logged = read_log(path).filter(|(h, _)| h.workload_key == kernel.workload_key);
+        for t in logged.map(|(_, trials)| trials).unwrap_or_default() {
+            let Ok(key) = serde_json::to_string(&t.schedule) else {
+                continue;
+            };
+            let result = match (t.latency_s, t.error) {
+                (Some(l), _) if l.is_finite() && l > 0.0 => Ok(l),
+                (_, e) => Err(e.unwrap_or_else(|| "failed".into())),
+            };
+            if t.final_round {
+                finals.entry(key).or_default().push_back(result);
+            } else {
+                replay.insert(key, result);
+            }
+        }
         let header = LogHeader {
             kernel: kernel.name.clone(),
             workload_key: kernel.workload_key.clone(),
@@ -553,12 +579,14 @@ impl<'a> TrialLog<'a> {
             inner,
             progress,
             replay,
+            finals,
             file,
             flops: kernel.graph.flops(),
             start: Instant::now(),
             trials: 0,
             best: None,
             is_default: false,
+            is_final: false,
         };
         log.write_line(&header);
         log
@@ -579,11 +607,16 @@ impl Measure for TrialLog<'_> {
 
     fn measure(&mut self, graph: &Graph, schedules: &[Schedule]) -> Vec<Result<f64, String>> {
         // What an earlier run logged for each schedule; the rest is measured, in one batch.
+        // (A finalists' round replays that schedule's next logged re-timing.)
         let logged: Vec<Option<Result<f64, String>>> = schedules
             .iter()
             .map(|s| {
                 let key = serde_json::to_string(s).ok()?;
-                self.replay.get(&key).cloned()
+                if self.is_final {
+                    self.finals.get_mut(&key)?.pop_front()
+                } else {
+                    self.replay.get(&key).cloned()
+                }
             })
             .collect();
         let fresh: Vec<Schedule> = schedules
@@ -610,6 +643,7 @@ impl Measure for TrialLog<'_> {
                 latency_s: result.as_ref().ok().copied(),
                 error: result.as_ref().err().cloned(),
                 default: self.is_default,
+                final_round: self.is_final,
                 elapsed_s: self.start.elapsed().as_secs_f64(),
             });
             if let Ok(l) = result {
@@ -617,7 +651,7 @@ impl Measure for TrialLog<'_> {
             }
             results.push(result);
         }
-        if !self.is_default {
+        if !self.is_default && !self.is_final {
             self.trials += schedules.len();
         }
         let gflops = self.best.map(|b| self.flops / b / 1e9);

@@ -275,3 +275,61 @@ pub fn default_latency<S: SearchSpace>(state: &TaskState<S>) -> Option<f64> {
         .find(|t| &t.candidate.params == default)
         .and_then(|t| t.latency_s)
 }
+
+/// Times `schedules` again side by side, `rounds` times, each round one batch in a rotated
+/// order, and returns each one's median (`None` if it failed in every round). A search's
+/// figures are each one timing taken minutes apart, with noise larger than the differences it
+/// ranks; what a build ships is chosen on these instead.
+pub fn retime_finalists(
+    measurer: &mut dyn Measure,
+    graph: &Graph,
+    schedules: &[Schedule],
+    rounds: usize,
+) -> Vec<Option<f64>> {
+    let n = schedules.len();
+    let mut times: Vec<Vec<f64>> = vec![Vec::new(); n];
+    if n == 0 {
+        return Vec::new();
+    }
+    measurer.set_best(None);
+    for round in 0..rounds {
+        let order: Vec<usize> = (0..n).map(|k| (k + round) % n).collect();
+        let batch: Vec<Schedule> = order.iter().map(|&i| schedules[i].clone()).collect();
+        for (&i, r) in order.iter().zip(measurer.measure(graph, &batch)) {
+            if let Ok(l) = r {
+                times[i].push(l);
+            }
+        }
+    }
+    times
+        .into_iter()
+        .map(|mut t| {
+            t.sort_by(f64::total_cmp);
+            (!t.is_empty()).then(|| t[t.len() / 2])
+        })
+        .collect()
+}
+
+/// The `n` fastest distinct schedules of a task's successful trials, fastest first.
+pub fn finalists<S: SearchSpace>(state: &TaskState<S>, n: usize) -> Vec<Schedule> {
+    let mut ok: Vec<&crate::task::Trial<S::Params>> = state
+        .trials
+        .iter()
+        .filter(|t| t.latency_s.is_some())
+        .collect();
+    ok.sort_by(|a, b| {
+        a.latency_s
+            .partial_cmp(&b.latency_s)
+            .unwrap_or(std::cmp::Ordering::Equal)
+    });
+    let mut out: Vec<Schedule> = Vec::new();
+    for t in ok {
+        if out.len() >= n {
+            break;
+        }
+        if !out.contains(&t.candidate.schedule) {
+            out.push(t.candidate.schedule.clone());
+        }
+    }
+    out
+}

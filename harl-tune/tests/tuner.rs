@@ -10,7 +10,7 @@ use harl_tune::space::cpu::Task;
 use harl_tune::space::CpuSpace;
 use harl_tune::strategy::strategy_by_name;
 use harl_tune::task_scheduler::scheduler_by_name;
-use harl_tune::tuner::{tune, TuneOptions, TuneResult};
+use harl_tune::tuner::{finalists, retime_finalists, tune, TuneOptions, TuneResult};
 
 /// A deterministic stand-in for the measurer: latency from a hash of the schedule.
 struct FakeMeasurer;
@@ -144,4 +144,69 @@ fn budget_is_split_over_tasks_and_the_curve_never_gets_worse() {
         .curve
         .windows(2)
         .all(|w| w[1].best_latency_s <= w[0].best_latency_s));
+}
+
+/// A measurer that times whatever runs first in a batch 50% slow (a cold start), and fails
+/// the naive schedule every time.
+struct FirstIsSlow {
+    base: Vec<(Schedule, f64)>,
+}
+
+impl Measure for FirstIsSlow {
+    fn measure(&mut self, _: &Graph, schedules: &[Schedule]) -> Vec<Result<f64, String>> {
+        schedules
+            .iter()
+            .enumerate()
+            .map(|(k, s)| {
+                let (_, l) = self
+                    .base
+                    .iter()
+                    .find(|(b, _)| b == s)
+                    .ok_or("unknown schedule")?;
+                Ok(if k == 0 { l * 1.5 } else { *l })
+            })
+            .collect()
+    }
+}
+
+#[test]
+fn finalists_are_retimed_in_rotated_batches_and_the_median_kept() {
+    let graph = workloads::matmul(64, 64, 64).expect("matmul");
+    let target = Variant::Avx512.cpu_target("x86_64", 2);
+    let a = harl_build::default_schedule::default_schedule(&graph, &target);
+    let b = Schedule::naive();
+    let c = random_schedule(&graph);
+    let mut m = FirstIsSlow {
+        base: vec![(a.clone(), 2e-3), (c.clone(), 1e-3)],
+    };
+    let medians = retime_finalists(&mut m, &graph, &[a, b, c], 3);
+    // Each schedule runs first in one round of three: the median drops that round.
+    assert_eq!(medians, vec![Some(2e-3), None, Some(1e-3)]);
+    assert!(retime_finalists(&mut m, &graph, &[], 3).is_empty());
+}
+
+#[test]
+fn finalists_are_the_fastest_distinct_schedules() {
+    let r = run("ansor", 5, 24, matmul_64());
+    let state = &r.tasks[0];
+    let f = finalists(state, 3);
+    assert_eq!(f.len(), 3);
+    let best = state
+        .trials
+        .iter()
+        .filter_map(|t| t.latency_s.map(|l| (l, &t.candidate.schedule)))
+        .min_by(|x, y| x.0.total_cmp(&y.0))
+        .expect("a best");
+    assert_eq!(&f[0], best.1);
+    assert!(f[0] != f[1] && f[1] != f[2] && f[0] != f[2]);
+}
+
+/// A schedule of `graph` other than the default and the naive one: the first sample of its
+/// first sketch.
+fn random_schedule(graph: &Graph) -> Schedule {
+    let target = Variant::Avx512.cpu_target("x86_64", 2);
+    let space = CpuSpace::new(graph, &target);
+    let mut rng = harl_build::rng::Rng::new(1);
+    let p = harl_tune::space::SearchSpace::sample(&space, 0, &mut rng);
+    harl_tune::space::SearchSpace::to_schedule(&space, &p).expect("a schedule")
 }

@@ -66,7 +66,11 @@ fn summarise(header: LogHeader, trials: &[LogTrial]) -> Tune {
         .map(gflops);
     let mut best = default_gflops.unwrap_or(0.0);
     let mut curve = Vec::new();
-    for (i, t) in trials.iter().filter(|t| !t.default).enumerate() {
+    for (i, t) in trials
+        .iter()
+        .filter(|t| !t.default && !t.final_round)
+        .enumerate()
+    {
         if let Some(l) = t.latency_s.filter(|l| *l > 0.0) {
             best = best.max(gflops(l));
         }
