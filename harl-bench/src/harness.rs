@@ -170,7 +170,8 @@ pub fn run_tasks(tasks: Vec<Task>, spec: &RunSpec<'_>) -> Result<TuneResult, Err
     })?;
     let mut scheduler = scheduler_by_name(scheduler)
         .ok_or_else(|| format!("unknown task scheduler `{scheduler}`"))?;
-    let mut model = model_by_name(model, seed)
+    let isa_class = bench_variant().isa_class(&TargetFingerprint::host().arch);
+    let mut model = model_by_name(model, seed, &isa_class)
         .ok_or_else(|| format!("unknown cost model `{model}` ({COST_MODEL_NAMES})"))??;
     let mut measurer = measurer(spec.threads, seed)?;
     let target = host_target(spec.threads);

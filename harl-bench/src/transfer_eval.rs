@@ -36,12 +36,16 @@ pub struct Options {
     /// Model seeds.
     #[arg(long, value_delimiter = ',', default_value = "0,1,2")]
     pub seeds: Vec<u64>,
+    /// Warm-start from the shipped dataset of this ISA class (default: the class the file was
+    /// measured on), to see how a prior made on one ISA ranks another's schedules.
+    #[arg(long)]
+    pub prior: Option<String>,
     /// Write the table (JSON) here.
     #[arg(long)]
     pub out: Option<PathBuf>,
 }
 
-fn model(name: &str, seed: u64) -> Result<Box<dyn CostModel>, Error> {
+fn model(name: &str, seed: u64, isa_class: &str) -> Result<Box<dyn CostModel>, Error> {
     // `xgb-transfer/ROUNDS/DEPTH/ETA`: the task booster with other settings (to tune them).
     if let Some(rest) = name.strip_prefix("xgb-transfer/") {
         let v: Vec<&str> = rest.split('/').collect();
@@ -56,7 +60,7 @@ fn model(name: &str, seed: u64) -> Result<Box<dyn CostModel>, Error> {
             ..TransferModel::task_params(seed)
         };
         return Ok(Box::new(
-            TransferModel::shipped(seed)?.with_task_params(params),
+            TransferModel::shipped(seed, isa_class)?.with_task_params(params),
         ));
     }
     if name == "xgb-nowarmup" {
@@ -66,7 +70,7 @@ fn model(name: &str, seed: u64) -> Result<Box<dyn CostModel>, Error> {
             ..XgbParams::default()
         })));
     }
-    match model_by_name(name, seed) {
+    match model_by_name(name, seed, isa_class) {
         Some(m) => Ok(m?),
         None => Err(format!("unknown cost model `{name}`").into()),
     }
@@ -77,13 +81,18 @@ pub fn run(o: &Options) -> Result<(), Error> {
     let data = Dataset::read(&o.eval)?;
     // What warm start costs a tuning process once: the shipped dataset's features, the prior.
     let t0 = Instant::now();
-    let rows = TransferModel::shipped_rows();
+    // The models warm-start from the shipped dataset of the ISA class the file was measured on.
+    let isa_class = o
+        .prior
+        .clone()
+        .unwrap_or_else(|| data.header.target.isa_class.clone());
+    let rows = TransferModel::shipped_rows(&isa_class);
     let extract_s = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
-    TransferModel::shipped(1 << 40)?;
+    TransferModel::shipped(1 << 40, &isa_class)?;
     let prior_s = t1.elapsed().as_secs_f64();
     println!(
-        "warm start: {} dataset rows, features extracted in {extract_s:.2} s, prior fitted in {prior_s:.2} s",
+        "warm start for {isa_class}: {} dataset rows, features extracted in {extract_s:.2} s, prior fitted in {prior_s:.2} s",
         rows.len()
     );
     // (features, latency) of each workload's lowering trials, in measured order.
@@ -119,7 +128,7 @@ pub fn run(o: &Options) -> Result<(), Error> {
                 let (mut p, mut t1, mut t5, mut m) = (vec![], vec![], vec![], vec![]);
                 for &seed in &o.seeds {
                     let start = Instant::now();
-                    let mut model = model(name, seed)?;
+                    let mut model = model(name, seed, &isa_class)?;
                     let mut own = Rows::default();
                     own.push_group(train.iter().cloned());
                     if !own.is_empty() {
@@ -155,6 +164,7 @@ pub fn run(o: &Options) -> Result<(), Error> {
         let doc = serde_json::json!({
             "eval": o.eval.display().to_string(),
             "eval_target": data.header.target,
+            "prior_isa_class": isa_class,
             "workloads": workloads.iter().map(|w| &w.0).collect::<Vec<_>>(),
             "seeds": o.seeds,
             "dataset_rows": rows.len(),

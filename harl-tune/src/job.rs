@@ -160,7 +160,7 @@ pub fn run(
     if strategy_by_name::<CpuSpace>(&options.strategy, options.seed).is_none() {
         return Err(JobError::Strategy(options.strategy.clone()));
     }
-    cost_model(options)?;
+    cost_model(manifest, options)?;
     let mut outcomes = Vec::new();
     if manifest.cuda {
         // GPU records are per device, which only the GPU measurer knows: every kernel of the
@@ -188,9 +188,13 @@ pub fn run(
 }
 
 /// The job's cost model.
-fn cost_model(options: &JobOptions) -> Result<Box<dyn CostModel>, JobError> {
+fn cost_model(manifest: &Manifest, options: &JobOptions) -> Result<Box<dyn CostModel>, JobError> {
     let bad = |why: String| JobError::CostModel(options.cost_model.clone(), why);
-    match model_by_name(&options.cost_model, options.seed) {
+    match model_by_name(
+        &options.cost_model,
+        options.seed,
+        &manifest.target.isa_class,
+    ) {
         Some(Ok(m)) => Ok(m),
         Some(Err(e)) => Err(bad(e.to_string())),
         None => Err(bad(format!("not a cost model ({COST_MODEL_NAMES})"))),
@@ -290,7 +294,7 @@ fn tune_one(
         seed: options.seed,
         seed_default: true,
     };
-    let mut model = match cost_model(options) {
+    let mut model = match cost_model(manifest, options) {
         Ok(m) => m,
         Err(e) => {
             outcome.note = Some(e.to_string());

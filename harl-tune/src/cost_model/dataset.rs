@@ -3,8 +3,8 @@
 //! features, are stored, so features can change without regenerating the data.
 //!
 //! The file is gzipped JSON lines: a [`DatasetHeader`], then one [`DatasetWorkload`] a line.
-//! `harl-bench dataset` makes it; [`Dataset::shipped`] is the one in this crate
-//! (`data/dataset.jsonl.gz`), compiled in. Reading checks a size cap, the version and every
+//! `harl-bench dataset` makes it; [`Dataset::shipped`] are the ones in this crate, one per ISA
+//! class (`data/dataset-<isa-class>.jsonl.gz`), compiled in. Reading checks a size cap, the version and every
 //! graph, so a hand-made file given with `--dataset` gets a clear error, not a panic.
 
 use super::CostModelError;
@@ -23,8 +23,17 @@ pub const DATASET_VERSION: u32 = 1;
 /// The largest dataset (uncompressed) a reader accepts.
 pub const MAX_DATASET_BYTES: u64 = 256 << 20;
 
-/// The shipped dataset, gzipped.
-static SHIPPED: &[u8] = include_bytes!("../../data/dataset.jsonl.gz");
+/// The shipped datasets, gzipped, by the ISA class they were measured on.
+pub const SHIPPED: [(&str, &[u8]); 2] = [
+    (
+        "x86_64-avx512",
+        include_bytes!("../../data/dataset-x86_64-avx512.jsonl.gz"),
+    ),
+    (
+        "x86_64-avx2",
+        include_bytes!("../../data/dataset-x86_64-avx2.jsonl.gz"),
+    ),
+];
 
 /// The first line of a dataset.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -96,6 +105,15 @@ impl Rows {
             self.throughput.push(l.map_or(0.0, |l| best / l));
             self.groups.push(group);
         }
+    }
+
+    /// Appends `other`'s groups after this one's.
+    pub fn append(&mut self, other: Rows) {
+        let base = self.groups.last().map_or(0, |g| g + 1);
+        self.features.extend(other.features);
+        self.throughput.extend(other.throughput);
+        self.groups
+            .extend(other.groups.into_iter().map(|g| g + base));
     }
 
     /// Number of rows.
@@ -177,13 +195,19 @@ impl Dataset {
         Ok(Dataset { header, workloads })
     }
 
-    /// The dataset shipped in this crate, parsed once (`None` if it does not parse, which a
-    /// test rules out).
-    pub fn shipped() -> Option<&'static Dataset> {
-        static PARSED: OnceLock<Option<Dataset>> = OnceLock::new();
-        PARSED
-            .get_or_init(|| Dataset::from_gz(SHIPPED, Path::new("data/dataset.jsonl.gz")).ok())
-            .as_ref()
+    /// The shipped datasets, parsed once, in [`SHIPPED`]'s order (`None` for one that does
+    /// not parse, which a test rules out).
+    pub fn shipped() -> &'static [Option<Dataset>] {
+        static PARSED: OnceLock<Vec<Option<Dataset>>> = OnceLock::new();
+        PARSED.get_or_init(|| {
+            SHIPPED
+                .iter()
+                .map(|(class, bytes)| {
+                    let name = format!("data/dataset-{class}.jsonl.gz");
+                    Dataset::from_gz(bytes, Path::new(&name)).ok()
+                })
+                .collect()
+        })
     }
 
     /// Number of measured trials.

@@ -81,14 +81,18 @@ pub const DEFAULT_COST_MODEL: &str = "xgb-transfer";
 /// The names [`model_by_name`] accepts, for messages.
 pub const COST_MODEL_NAMES: &str = "xgb-transfer, xgb, random";
 
-/// The model called `name` (`HARL_COST_MODEL`, `--cost-model`), seeded with `seed`:
-/// `xgb-transfer` ([`TransferModel`] over the shipped dataset; its prior is fitted once per
-/// thread and seed), `xgb` (cold: random scores until it has 64 rows, as Ansor's) or
-/// `random`. `None` for an unknown name.
-pub fn model_by_name(name: &str, seed: u64) -> Option<Result<Box<dyn CostModel>, CostModelError>> {
+/// The model called `name` (`HARL_COST_MODEL`, `--cost-model`) for tuning on ISA class
+/// `isa_class`, seeded with `seed`: `xgb-transfer` ([`TransferModel`] over the shipped dataset
+/// of that class; its prior is fitted once per thread, seed and class), `xgb` (cold: random
+/// scores until it has 64 rows, as Ansor's) or `random`. `None` for an unknown name.
+pub fn model_by_name(
+    name: &str,
+    seed: u64,
+    isa_class: &str,
+) -> Option<Result<Box<dyn CostModel>, CostModelError>> {
     match name {
         "xgb-transfer" => {
-            Some(TransferModel::shipped(seed).map(|m| Box::new(m) as Box<dyn CostModel>))
+            Some(TransferModel::shipped(seed, isa_class).map(|m| Box::new(m) as Box<dyn CostModel>))
         }
         "xgb" => Some(Ok(Box::new(XgbModel::with_seed(seed)))),
         "random" => Some(Ok(Box::new(RandomModel::new(seed)))),

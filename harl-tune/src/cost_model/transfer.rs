@@ -5,7 +5,7 @@
 //! task has a trial the prior ranks alone, so no ranking is ever random; as trials come in,
 //! the task booster corrects the prior where this workload differs.
 
-use super::dataset::{Dataset, Rows};
+use super::dataset::{Dataset, Rows, SHIPPED};
 use super::xgb::{dmatrix, group_sizes, ranking_labels};
 use super::{check_rows, check_training_set, CostModel, CostModelError, XgbModel, XgbParams};
 use std::cell::RefCell;
@@ -44,46 +44,49 @@ impl TransferModel {
         Ok(prior)
     }
 
-    /// A model over the shipped dataset's prior fitted with `seed` (once per thread and seed),
-    /// with the default task booster settings ([`TransferModel::task_params`]).
-    pub fn shipped(seed: u64) -> Result<TransferModel, CostModelError> {
+    /// A model for tuning on ISA class `isa_class` over a prior fitted with `seed` on the
+    /// shipped dataset of that class, or on all shipped datasets when none is of that class
+    /// (once per thread, seed and class), with the default task booster
+    /// ([`TransferModel::task_params`]).
+    pub fn shipped(seed: u64, isa_class: &str) -> Result<TransferModel, CostModelError> {
         thread_local! {
             // Never dropped: a booster freed by a thread-local destructor at process exit can
             // run after XGBoost's own statics are gone (a crash on exit). The OS frees it.
-            static PRIORS: ManuallyDrop<RefCell<HashMap<u64, Rc<XgbModel>>>> =
+            static PRIORS: ManuallyDrop<RefCell<HashMap<(u64, String), Rc<XgbModel>>>> =
                 ManuallyDrop::new(RefCell::new(HashMap::new()));
         }
         let params = XgbParams {
             seed,
             ..XgbParams::default()
         };
-        let prior = match PRIORS.with(|p| p.borrow().get(&seed).cloned()) {
+        let key = (seed, isa_class.to_string());
+        let prior = match PRIORS.with(|p| p.borrow().get(&key).cloned()) {
             Some(p) => p,
             None => {
-                let rows = TransferModel::shipped_rows();
+                let rows = TransferModel::shipped_rows(isa_class);
                 if rows.is_empty() {
                     return Err(CostModelError::Records {
-                        path: PathBuf::from("data/dataset.jsonl.gz"),
-                        why: "the shipped dataset has no usable trials".into(),
+                        path: PathBuf::from("data"),
+                        why: "the shipped datasets have no usable trials".into(),
                     });
                 }
                 let p = Rc::new(TransferModel::fit_prior(rows, &params)?);
-                PRIORS.with(|m| m.borrow_mut().insert(seed, p.clone()));
+                PRIORS.with(|m| m.borrow_mut().insert(key, p.clone()));
                 p
             }
         };
         Ok(TransferModel::new(prior, TransferModel::task_params(seed)))
     }
 
-    /// The task booster's settings: gentler than the prior's (shallower trees, fewer rounds,
-    /// a smaller step), so a few dozen of the task's own trials correct the prior rather
-    /// than replace it.
+    /// The task booster's settings: gentler than the prior's (shallower trees, half the rounds,
+    /// half the step), so a few of the task's own trials correct the prior rather than replace
+    /// it, yet enough to overrule a prior that is wrong for this workload or machine.
     pub fn task_params(seed: u64) -> XgbParams {
         XgbParams {
             seed,
-            rounds: 10,
-            max_depth: 2,
-            eta: 0.05,
+            rounds: 30,
+            max_depth: 6,
+            eta: 0.1,
             ..XgbParams::default()
         }
     }
@@ -97,11 +100,24 @@ impl TransferModel {
         }
     }
 
-    /// The shipped dataset's rows, extracted once per process (features of today's feature
-    /// set); empty when the dataset is missing.
-    pub fn shipped_rows() -> &'static Rows {
-        static ROWS: OnceLock<Rows> = OnceLock::new();
-        ROWS.get_or_init(|| Dataset::shipped().map(Dataset::rows).unwrap_or_default())
+    /// Training rows for ISA class `isa_class`: the shipped dataset of that class, or all of
+    /// them when none is; extracted once per process (features of today's feature set).
+    pub fn shipped_rows(isa_class: &str) -> &'static Rows {
+        static ROWS: [OnceLock<Rows>; SHIPPED.len()] = [const { OnceLock::new() }; SHIPPED.len()];
+        static ALL: OnceLock<Rows> = OnceLock::new();
+        let sets = Dataset::shipped();
+        match SHIPPED.iter().position(|(class, _)| *class == isa_class) {
+            Some(i) => {
+                ROWS[i].get_or_init(|| sets[i].as_ref().map(Dataset::rows).unwrap_or_default())
+            }
+            None => ALL.get_or_init(|| {
+                let mut all = Rows::default();
+                for d in sets.iter().flatten() {
+                    all.append(d.rows());
+                }
+                all
+            }),
+        }
     }
 
     /// The prior's margins of `features`.
@@ -260,19 +276,29 @@ mod tests {
     }
 
     #[test]
-    fn the_shipped_dataset_gives_training_rows() {
-        let data = Dataset::shipped().expect("the shipped dataset parses");
-        assert!(data.workloads.len() >= 16, "{}", data.workloads.len());
-        let rows = TransferModel::shipped_rows();
-        assert!(
-            rows.len() * 10 >= data.trials() * 9,
-            "{} of {} trials lower today",
-            rows.len(),
-            data.trials()
-        );
-        assert_eq!(
-            rows.groups.last().map(|g| g + 1),
-            Some(data.workloads.len())
-        );
+    fn every_shipped_dataset_gives_training_rows_of_its_class() {
+        for ((class, _), data) in SHIPPED.iter().zip(Dataset::shipped()) {
+            let data = data.as_ref().expect("the shipped dataset parses");
+            assert_eq!(data.header.target.isa_class, *class);
+            assert!(data.workloads.len() >= 16, "{}", data.workloads.len());
+            let rows = TransferModel::shipped_rows(class);
+            assert!(
+                rows.len() * 10 >= data.trials() * 9,
+                "{class}: {} of {} trials lower today",
+                rows.len(),
+                data.trials()
+            );
+            assert_eq!(
+                rows.groups.last().map(|g| g + 1),
+                Some(data.workloads.len())
+            );
+        }
+        // A class with no dataset of its own gets them all.
+        let all = TransferModel::shipped_rows("aarch64-neon");
+        let each: usize = SHIPPED
+            .iter()
+            .map(|(c, _)| TransferModel::shipped_rows(c).len())
+            .sum();
+        assert_eq!(all.len(), each);
     }
 }
