@@ -16,6 +16,9 @@ use std::rc::Rc;
 use std::sync::OnceLock;
 use xgboost_rs::Booster;
 
+/// Fitted priors by (seed, ISA class).
+type Priors = HashMap<(u64, String), Rc<XgbModel>>;
+
 /// A prior booster with a task booster on top of it.
 pub struct TransferModel {
     prior: Rc<XgbModel>,
@@ -52,7 +55,7 @@ impl TransferModel {
         thread_local! {
             // Never dropped: a booster freed by a thread-local destructor at process exit can
             // run after XGBoost's own statics are gone (a crash on exit). The OS frees it.
-            static PRIORS: ManuallyDrop<RefCell<HashMap<(u64, String), Rc<XgbModel>>>> =
+            static PRIORS: ManuallyDrop<RefCell<Priors>> =
                 ManuallyDrop::new(RefCell::new(HashMap::new()));
         }
         let params = XgbParams {
