@@ -138,8 +138,8 @@ impl<S: SearchSpace> TaskState<S> {
         self.best().and_then(|t| t.latency_s)
     }
 
-    /// The `n` fastest measured trials' parameters.
-    pub fn top_measured(&self, n: usize) -> Vec<S::Params> {
+    /// The successful trials, fastest first.
+    pub fn fastest(&self) -> Vec<&Trial<S::Params>> {
         let mut ok: Vec<&Trial<S::Params>> = self
             .trials
             .iter()
@@ -150,7 +150,13 @@ impl<S: SearchSpace> TaskState<S> {
                 .partial_cmp(&b.latency_s)
                 .unwrap_or(std::cmp::Ordering::Equal)
         });
-        ok.into_iter()
+        ok
+    }
+
+    /// The `n` fastest measured trials' parameters.
+    pub fn top_measured(&self, n: usize) -> Vec<S::Params> {
+        self.fastest()
+            .into_iter()
             .take(n)
             .map(|t| t.candidate.params.clone())
             .collect()

@@ -312,18 +312,8 @@ pub fn retime_finalists(
 
 /// The `n` fastest distinct schedules of a task's successful trials, fastest first.
 pub fn finalists<S: SearchSpace>(state: &TaskState<S>, n: usize) -> Vec<Schedule> {
-    let mut ok: Vec<&crate::task::Trial<S::Params>> = state
-        .trials
-        .iter()
-        .filter(|t| t.latency_s.is_some())
-        .collect();
-    ok.sort_by(|a, b| {
-        a.latency_s
-            .partial_cmp(&b.latency_s)
-            .unwrap_or(std::cmp::Ordering::Equal)
-    });
     let mut out: Vec<Schedule> = Vec::new();
-    for t in ok {
+    for t in state.fastest() {
         if out.len() >= n {
             break;
         }

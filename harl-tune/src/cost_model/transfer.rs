@@ -6,7 +6,7 @@
 //! the task booster corrects the prior where this workload differs.
 
 use super::dataset::{Dataset, Rows, SHIPPED};
-use super::xgb::{dmatrix, group_sizes, ranking_labels};
+use super::xgb::{dmatrix, fit_ranker};
 use super::{check_rows, check_training_set, CostModel, CostModelError, XgbModel, XgbParams};
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -150,20 +150,14 @@ impl CostModel for TransferModel {
             self.task = None;
             return Ok(());
         }
-        let (order, sizes) = group_sizes(groups);
-        let labels = ranking_labels(&order, throughput, groups);
-        let rows: Vec<Vec<f32>> = order.iter().map(|&i| features[i].clone()).collect();
-        let base = self.prior_margin(&rows)?;
-        let slices: Vec<&[f32]> = rows.iter().map(Vec::as_slice).collect();
-        let mut dtrain = dmatrix(&slices, n_features, self.params.nthread)?;
-        dtrain.set_labels(&labels)?;
-        dtrain.set_group(&sizes)?;
-        dtrain.set_base_margin(&base)?;
-        let mut booster =
-            Booster::new_with_json_config(&[&dtrain], XgbModel::new(self.params.clone()).config())?;
-        for round in 0..self.params.rounds {
-            booster.update(&dtrain, round as i32)?;
-        }
+        let booster = fit_ranker(
+            &self.params,
+            features,
+            throughput,
+            groups,
+            n_features,
+            Some(&self.prior),
+        )?;
         self.task = Some(booster);
         Ok(())
     }

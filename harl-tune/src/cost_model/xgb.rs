@@ -169,17 +169,7 @@ impl CostModel for XgbModel {
             self.booster = None;
             return Ok(());
         }
-        let (order, sizes) = group_sizes(groups);
-        let labels = ranking_labels(&order, throughput, groups);
-        let rows: Vec<&[f32]> = order.iter().map(|&i| features[i].as_slice()).collect();
-        let mut dtrain = dmatrix(&rows, n_features, self.params.nthread)?;
-        dtrain.set_labels(&labels)?;
-        dtrain.set_group(&sizes)?;
-        // Booster::train would build a fixed 16 trees; one update per round instead.
-        let mut booster = Booster::new_with_json_config(&[&dtrain], self.config())?;
-        for round in 0..self.params.rounds {
-            booster.update(&dtrain, round as i32)?;
-        }
+        let booster = fit_ranker(&self.params, features, throughput, groups, n_features, None)?;
         self.booster = Some(booster);
         self.n_features = n_features;
         Ok(())
@@ -205,6 +195,40 @@ impl CostModel for XgbModel {
         }
         Ok(out.into_iter().map(f64::from).collect())
     }
+}
+
+/// Fits a ranking booster with `params` on rows grouped by task (each row's score starting
+/// from `prior`'s margin, when there is one: the booster then learns what the prior misses).
+pub(crate) fn fit_ranker(
+    params: &XgbParams,
+    features: &[Vec<f32>],
+    throughput: &[f64],
+    groups: &[usize],
+    n_features: usize,
+    prior: Option<&XgbModel>,
+) -> Result<Booster, CostModelError> {
+    let (order, sizes) = group_sizes(groups);
+    let labels = ranking_labels(&order, throughput, groups);
+    let rows: Vec<&[f32]> = order.iter().map(|&i| features[i].as_slice()).collect();
+    let mut dtrain = dmatrix(&rows, n_features, params.nthread)?;
+    dtrain.set_labels(&labels)?;
+    dtrain.set_group(&sizes)?;
+    if let Some(prior) = prior {
+        let ordered: Vec<Vec<f32>> = rows.iter().map(|r| r.to_vec()).collect();
+        let margin: Vec<f32> = prior
+            .predict(&ordered)?
+            .into_iter()
+            .map(|x| x as f32)
+            .collect();
+        dtrain.set_base_margin(&margin)?;
+    }
+    // Booster::train would build a fixed 16 trees; one update per round instead.
+    let mut booster =
+        Booster::new_with_json_config(&[&dtrain], XgbModel::new(params.clone()).config())?;
+    for round in 0..params.rounds {
+        booster.update(&dtrain, round as i32)?;
+    }
+    Ok(booster)
 }
 
 /// The row order that makes each group contiguous (a stable sort keeps the given order within,
