@@ -131,7 +131,7 @@ pub fn run(args: TuneArgs) -> Result<ExitCode, TuneError> {
         let todo = job::select(manifest, &options)?;
         let cached = manifest.kernels.len() - todo.len();
         eprintln!(
-            "{}: {} kernel(s), {} to tune on {} ({} threads, {} trials each, strategy {}, seed {}{}); cache {}",
+            "{}: {} kernel(s), {} to tune on {} ({} threads, {} trials each, strategy {}, cost model {}, seed {}{}); cache {}",
             escape(&manifest.package),
             manifest.kernels.len(),
             todo.len(),
@@ -139,6 +139,7 @@ pub fn run(args: TuneArgs) -> Result<ExitCode, TuneError> {
             job::threads(manifest, &options),
             options.trials,
             escape(&options.strategy),
+            escape(&options.cost_model),
             options.seed,
             args.shard
                 .map_or(String::new(), |(i, n)| format!(", shard {i}/{n}")),
