@@ -6,7 +6,7 @@
 //! harl-bench dataset --split train|eval --trials N --threads T --seed K --out FILE
 //! ```
 //!
-//! `train` is what ships in harl-tune (`harl-tune/data/dataset.jsonl.gz`): many shapes of the
+//! `train` is what ships in harl-tune (`harl-tune/data/dataset-<isa-class>.jsonl.gz`): many shapes of the
 //! op library's ops, none of them a kernel of `harl-bench models` or of the tuning suite.
 //! `eval` is the tuning suite's workloads, held out: cost models are judged on them.
 
@@ -92,8 +92,9 @@ pub struct Options {
     /// Seed.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Strategy that picks the measured schedules.
-    #[arg(long, default_value = "ansor")]
+    /// Strategy (and cost model, after `@`) that picks the measured schedules: cold XGBoost
+    /// by default, so a dataset never depends on the datasets already shipped.
+    #[arg(long, default_value = "ansor@xgb")]
     pub strategy: String,
     /// Only these workloads (names of the split), for a quick run.
     #[arg(long, value_delimiter = ',')]

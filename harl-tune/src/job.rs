@@ -8,7 +8,7 @@
 //! up to where the interrupted run stopped and goes on from there. `cargo harl report` reads the
 //! same logs.
 
-use crate::cost_model::{model_by_name, CostModel, XgbModel, COST_MODEL_NAMES, DEFAULT_COST_MODEL};
+use crate::cost_model::{model_by_name, CostModel, COST_MODEL_NAMES, DEFAULT_COST_MODEL};
 use crate::measure::Measure;
 use crate::measure::{MeasureConfig, Measurer};
 use crate::space::cpu::Task;
@@ -160,7 +160,10 @@ pub fn run(
     if strategy_by_name::<CpuSpace>(&options.strategy, options.seed).is_none() {
         return Err(JobError::Strategy(options.strategy.clone()));
     }
-    cost_model(manifest, options)?;
+    if !kernels.is_empty() {
+        // A bad name fails the job before any work (the prior it fits is kept for the kernels).
+        cost_model(manifest, options)?;
+    }
     let mut outcomes = Vec::new();
     if manifest.cuda {
         // GPU records are per device, which only the GPU measurer knows: every kernel of the
@@ -434,7 +437,9 @@ fn tune_gpu(
         &tune_options,
         strategy.as_mut(),
         &mut RoundRobin::default(),
-        &mut XgbModel::with_seed(options.seed),
+        // Cold: the shipped datasets are CPU measurements, and a prior made on one ISA ranks
+        // another's schedules barely above chance, let alone a GPU's.
+        &mut crate::cost_model::XgbModel::with_seed(options.seed),
         &mut m,
     );
     outcome.trials = result.trials;

@@ -6,7 +6,7 @@
 //! the task booster corrects the prior where this workload differs.
 
 use super::dataset::{Dataset, Rows, SHIPPED};
-use super::xgb::{dmatrix, fit_ranker};
+use super::xgb::{fit_ranker, predict_ranker};
 use super::{check_rows, check_training_set, CostModel, CostModelError, XgbModel, XgbParams};
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -122,16 +122,6 @@ impl TransferModel {
             }),
         }
     }
-
-    /// The prior's margins of `features`.
-    fn prior_margin(&self, features: &[Vec<f32>]) -> Result<Vec<f32>, CostModelError> {
-        Ok(self
-            .prior
-            .predict(features)?
-            .into_iter()
-            .map(|x| x as f32)
-            .collect())
-    }
 }
 
 impl CostModel for TransferModel {
@@ -168,22 +158,7 @@ impl CostModel for TransferModel {
         };
         let n = features.first().map_or(0, Vec::len);
         check_rows(features, n)?;
-        if features.is_empty() {
-            return Ok(vec![]);
-        }
-        let base = self.prior_margin(features)?;
-        let rows: Vec<&[f32]> = features.iter().map(Vec::as_slice).collect();
-        let mut dtest = dmatrix(&rows, n, self.params.nthread)?;
-        dtest.set_base_margin(&base)?;
-        let out = booster.predict(&dtest)?;
-        if out.len() != features.len() {
-            return Err(CostModelError::Xgboost(format!(
-                "{} predictions for {} rows",
-                out.len(),
-                features.len()
-            )));
-        }
-        Ok(out.into_iter().map(f64::from).collect())
+        predict_ranker(booster, features, n, &self.params, Some(&self.prior))
     }
 }
 
@@ -219,9 +194,7 @@ mod tests {
         for _ in 0..8 {
             rows.push_group(group(&mut rng, 40));
         }
-        let params = XgbParams {
-            ..XgbParams::default()
-        };
+        let params = XgbParams::default();
         let prior = Rc::new(TransferModel::fit_prior(&rows, &params).expect("prior"));
         let model = TransferModel::new(prior.clone(), params.clone());
         let test = group(&mut rng, 60);
@@ -245,9 +218,7 @@ mod tests {
         for _ in 0..6 {
             rows.push_group(group(&mut rng, 40));
         }
-        let params = XgbParams {
-            ..XgbParams::default()
-        };
+        let params = XgbParams::default();
         let prior = Rc::new(TransferModel::fit_prior(&rows, &params).expect("prior"));
         let mut model = TransferModel::new(prior, params);
         // This workload's law is the opposite on feature 0.

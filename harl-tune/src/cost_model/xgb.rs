@@ -107,21 +107,22 @@ impl XgbModel {
     pub fn config_json(&self) -> Option<String> {
         self.booster.as_ref().map(Booster::save_config)
     }
+}
 
+impl XgbParams {
     /// XGBoost's configuration for these settings.
-    pub(crate) fn config(&self) -> HashMap<String, String> {
-        let p = &self.params;
+    fn booster_config(&self) -> HashMap<String, String> {
         [
             ("objective", "rank:pairwise".to_string()),
-            ("eta", p.eta.to_string()),
-            ("max_depth", p.max_depth.to_string()),
-            ("gamma", p.gamma.to_string()),
-            ("min_child_weight", p.min_child_weight.to_string()),
-            ("lambda", p.lambda.to_string()),
-            ("tree_method", p.tree_method.clone()),
+            ("eta", self.eta.to_string()),
+            ("max_depth", self.max_depth.to_string()),
+            ("gamma", self.gamma.to_string()),
+            ("min_child_weight", self.min_child_weight.to_string()),
+            ("lambda", self.lambda.to_string()),
+            ("tree_method", self.tree_method.clone()),
             // XGBoost reads a signed 64-bit seed; any u64 seed (HARL_SEED) maps into it.
-            ("seed", (p.seed & i64::MAX as u64).to_string()),
-            ("nthread", p.nthread.max(1).to_string()),
+            ("seed", (self.seed & i64::MAX as u64).to_string()),
+            ("nthread", self.nthread.max(1).to_string()),
             ("verbosity", "0".to_string()),
             ("disable_default_eval_metric", "1".to_string()),
         ]
@@ -132,11 +133,7 @@ impl XgbModel {
 }
 
 /// A dense row-major matrix with NaN (not 0.0) as XGBoost's missing value.
-pub(crate) fn dmatrix(
-    rows: &[&[f32]],
-    n_features: usize,
-    nthread: u32,
-) -> Result<DMatrix, CostModelError> {
+fn dmatrix(rows: &[&[f32]], n_features: usize, nthread: u32) -> Result<DMatrix, CostModelError> {
     let mut data = Vec::with_capacity(rows.len() * n_features);
     for r in rows {
         data.extend_from_slice(r);
@@ -180,20 +177,7 @@ impl CostModel for XgbModel {
             return self.fallback.predict(features);
         };
         check_rows(features, self.n_features)?;
-        if features.is_empty() {
-            return Ok(vec![]);
-        }
-        let rows: Vec<&[f32]> = features.iter().map(Vec::as_slice).collect();
-        let dtest = dmatrix(&rows, self.n_features, self.params.nthread)?;
-        let out = booster.predict(&dtest)?;
-        if out.len() != features.len() {
-            return Err(CostModelError::Xgboost(format!(
-                "{} predictions for {} rows",
-                out.len(),
-                features.len()
-            )));
-        }
-        Ok(out.into_iter().map(f64::from).collect())
+        predict_ranker(booster, features, self.n_features, &self.params, None)
     }
 }
 
@@ -214,26 +198,58 @@ pub(crate) fn fit_ranker(
     dtrain.set_labels(&labels)?;
     dtrain.set_group(&sizes)?;
     if let Some(prior) = prior {
-        let ordered: Vec<Vec<f32>> = rows.iter().map(|r| r.to_vec()).collect();
-        let margin: Vec<f32> = prior
-            .predict(&ordered)?
-            .into_iter()
-            .map(|x| x as f32)
-            .collect();
-        dtrain.set_base_margin(&margin)?;
+        let margin = prior_margin(prior, features)?;
+        let ordered: Vec<f32> = order.iter().map(|&i| margin[i]).collect();
+        dtrain.set_base_margin(&ordered)?;
     }
     // Booster::train would build a fixed 16 trees; one update per round instead.
-    let mut booster =
-        Booster::new_with_json_config(&[&dtrain], XgbModel::new(params.clone()).config())?;
+    let mut booster = Booster::new_with_json_config(&[&dtrain], params.booster_config())?;
     for round in 0..params.rounds {
         booster.update(&dtrain, round as i32)?;
     }
     Ok(booster)
 }
 
+/// Scores `features` (checked to have `n_features` each) with `booster`, on top of `prior`'s
+/// margin when it was fitted on one.
+pub(crate) fn predict_ranker(
+    booster: &Booster,
+    features: &[Vec<f32>],
+    n_features: usize,
+    params: &XgbParams,
+    prior: Option<&XgbModel>,
+) -> Result<Vec<f64>, CostModelError> {
+    if features.is_empty() {
+        return Ok(vec![]);
+    }
+    let rows: Vec<&[f32]> = features.iter().map(Vec::as_slice).collect();
+    let mut dtest = dmatrix(&rows, n_features, params.nthread)?;
+    if let Some(prior) = prior {
+        dtest.set_base_margin(&prior_margin(prior, features)?)?;
+    }
+    let out = booster.predict(&dtest)?;
+    if out.len() != features.len() {
+        return Err(CostModelError::Xgboost(format!(
+            "{} predictions for {} rows",
+            out.len(),
+            features.len()
+        )));
+    }
+    Ok(out.into_iter().map(f64::from).collect())
+}
+
+/// `prior`'s scores of `features`, as the base margin of a booster fitted on top of it.
+fn prior_margin(prior: &XgbModel, features: &[Vec<f32>]) -> Result<Vec<f32>, CostModelError> {
+    Ok(prior
+        .predict(features)?
+        .into_iter()
+        .map(|x| x as f32)
+        .collect())
+}
+
 /// The row order that makes each group contiguous (a stable sort keeps the given order within,
 /// as XGBoost's ranking wants), and the group sizes in that order.
-pub(crate) fn group_sizes(groups: &[usize]) -> (Vec<usize>, Vec<u32>) {
+fn group_sizes(groups: &[usize]) -> (Vec<usize>, Vec<u32>) {
     let mut order: Vec<usize> = (0..groups.len()).collect();
     order.sort_by_key(|&i| groups[i]);
     let mut sizes: Vec<u32> = Vec::new();
@@ -250,7 +266,7 @@ pub(crate) fn group_sizes(groups: &[usize]) -> (Vec<usize>, Vec<u32>) {
 
 /// Labels in `order`: throughput over its group's best (only the order within a group
 /// matters; this keeps values in f32 range).
-pub(crate) fn ranking_labels(order: &[usize], throughput: &[f64], groups: &[usize]) -> Vec<f32> {
+fn ranking_labels(order: &[usize], throughput: &[f64], groups: &[usize]) -> Vec<f32> {
     let mut scale: HashMap<usize, f64> = HashMap::new();
     for (&g, &t) in groups.iter().zip(throughput) {
         let s = scale.entry(g).or_insert(0.0);
