@@ -45,7 +45,7 @@ mod moves;
 pub use moves::CpuMoves;
 
 use crate::space::SearchSpace;
-use harl_build::default_schedule::{guarded_axes, plan_tiles, CpuTarget};
+use harl_build::default_schedule::{copy_steps, guarded_axes, plan_tiles, CpuTarget};
 use harl_build::lower::{lower, ScheduleError, MAX_ACC_ELEMS, MAX_UNROLL};
 use harl_build::rng::Rng;
 use harl_build::schedule::{Schedule, Step};
@@ -973,6 +973,11 @@ impl Sketch {
                 } => {
                     let n_axes = stage.axis_extents().len();
                     let ns = stage.n_spatial();
+                    if let Some(l) = layout {
+                        let input = &self.graph.inputs[l.input].shape;
+                        let shape: Vec<usize> = l.order.iter().map(|&o| input[o]).collect();
+                        steps.extend(copy_steps(new_index(s) - 1, &shape));
+                    }
                     let tiled = TiledStage {
                         stage: new_index(s),
                         extents: stage.axis_extents(),

@@ -14,6 +14,8 @@ pub use crate::target::Variant;
 use harl_te::{BinaryOp, DType, Expr, Graph, ReduceOp, TensorRef, UnaryOp};
 use std::fmt::Write;
 
+mod simd;
+
 /// Loops at most this long that are marked unrolled are unrolled in the source itself...
 const SOURCE_UNROLL_MAX: usize = 16;
 
@@ -120,6 +122,7 @@ fn emit_variant(out: &mut String, v: &VariantProgram, meta: &KernelMeta) {
     let _ = writeln!(out, "{}\nmod {} {{", var.cfg(), var.name());
     let _ = writeln!(out, "const FMA: bool = {};", var.fma());
     let _ = writeln!(out, "const VECTOR_MATH: bool = {};", var.vector_math());
+    out.push_str(simd::prelude(var));
     // The buffers every nest can see, as pointers that may cross threads.
     out.push_str("#[derive(Clone, Copy)]\nstruct Bufs {\n");
     for (i, ph) in g.inputs.iter().enumerate() {
@@ -160,6 +163,7 @@ fn emit_nest(
         depth: 1,
         stage: nest.stage,
         unroll_bytes,
+        variant: var,
     };
     match nest.body.as_slice() {
         [Stmt::For {
@@ -330,6 +334,8 @@ struct Cx<'a> {
     stage: usize,
     /// Most bytes of source one unrolled loop may expand to ([`SOURCE_UNROLL_BYTES`]).
     unroll_bytes: usize,
+    /// The ISA variant emitted (its explicit vector widths).
+    variant: Variant,
 }
 
 impl Cx<'_> {
@@ -348,6 +354,17 @@ impl Cx<'_> {
     }
 
     fn stmt(&mut self, s: &Stmt) {
+        if let Stmt::For {
+            var,
+            extent,
+            kind: LoopKind::Vectorized,
+            body,
+        } = s
+        {
+            if self.vector_loop(*var, *extent, body) {
+                return;
+            }
+        }
         match s {
             Stmt::For {
                 var,
