@@ -388,6 +388,14 @@ impl Kind {
     }
 }
 
+/// The graph of the benchmark's kernel `name`, if there is one (`probe` takes these names).
+pub fn kernel_graph(name: &str) -> Option<Result<Graph, Error>> {
+    kernels()
+        .into_iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, k)| k.graph())
+}
+
 /// The workload keys of the benchmark's kernels (the cost models' dataset must not hold them).
 #[cfg(test)]
 pub fn workload_keys() -> Result<Vec<String>, Error> {

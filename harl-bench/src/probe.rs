@@ -1,4 +1,5 @@
-//! `harl-bench probe --workload W [--threads T] [--rounds R]`: a check of the measurer itself.
+//! `harl-bench probe --workload W [--threads T] [--rounds R]` (W a suite name or spec, or a
+//! `models` kernel's name): a check of the measurer itself.
 //! It times, in one batch and in a rotating order, the default schedule twice and the point of
 //! every sketch that reproduces the default's loops (the tuner's seeds), so that a gap between
 //! schedules that should run alike shows whether it comes from the code or from where in a
@@ -18,8 +19,10 @@ pub fn run(
     rounds: usize,
     emit: Option<&std::path::Path>,
 ) -> Result<(), Error> {
-    let spec = suite::resolve(workload)?;
-    let graph = suite::build(&spec.spec)?;
+    let graph = match crate::models::kernel_graph(workload) {
+        Some(graph) => graph?,
+        None => suite::build(&suite::resolve(workload)?.spec)?,
+    };
     let target = host_target(threads);
     let mut named = vec![
         ("default".to_string(), default_schedule(&graph, &target)),
@@ -54,7 +57,7 @@ pub fn run(
     Ok(())
 }
 
-/// Writes the Rust module each schedule generates (base variant) to `dir/<k>.rs`.
+/// Writes the Rust module each schedule generates (the host's variant, as measured) to `dir/<k>.rs`.
 fn write_sources(
     dir: &std::path::Path,
     graph: &harl_te::Graph,
@@ -70,7 +73,7 @@ fn write_sources(
     for (k, (name, schedule)) in named.iter().enumerate() {
         let program = harl_build::lower::lower(graph, schedule)?;
         let variant = VariantProgram {
-            variant: Variant::Base,
+            variant: Variant::host(),
             program,
             source: name.clone(),
         };

@@ -7,6 +7,7 @@
 //! the reduction split for cache blocking, elementwise consumers fused as an epilogue, and the
 //! outer spatial loops fused and run in parallel.
 
+use crate::layout::{copy_steps, layout_choice, Layout};
 use crate::schedule::{Schedule, Step};
 use harl_te::{Expr, Graph, TensorRef};
 
@@ -18,25 +19,37 @@ pub fn default_schedule(graph: &Graph, target: &CpuTarget) -> Schedule {
     // stages that each read the previous one twice) keeps that stage materialised instead;
     // each round refuses a new stage, so this ends.
     let mut keep = vec![false; graph.stages.len()];
-    let mut lanes = true;
+    let mut options = Options {
+        lanes: true,
+        layouts: true,
+    };
     loop {
-        let schedule = plan(graph, target, &keep, lanes);
+        let schedule = plan(graph, target, &keep, options);
         match crate::lower::lower(graph, &schedule) {
             Err(crate::lower::ScheduleError::Step {
                 step: Step::ComputeInline { stage },
                 ..
             }) if keep.get(stage) == Some(&false) => keep[stage] = true,
-            // Vector-lane reductions are an optimisation: a graph where they do not lower
-            // keeps the plain reductions.
-            Err(_) if lanes => lanes = false,
+            // Layouts and vector-lane reductions are optimisations: a graph where they do not
+            // lower goes without them.
+            Err(_) if options.layouts => options.layouts = false,
+            Err(_) if options.lanes => options.lanes = false,
             _ => return schedule,
         }
     }
 }
 
-/// The default schedule with the stages in `keep` never inlined, and row reductions split into
-/// vector lanes when `lanes`.
-fn plan(graph: &Graph, target: &CpuTarget, keep: &[bool], lanes: bool) -> Schedule {
+/// What the default schedule may use.
+#[derive(Clone, Copy)]
+struct Options {
+    /// Row reductions split into vector lanes (rfactor).
+    lanes: bool,
+    /// Reductions tiled in a layout (cache_read).
+    layouts: bool,
+}
+
+/// The default schedule with the stages in `keep` never inlined.
+fn plan(graph: &Graph, target: &CpuTarget, keep: &[bool], options: Options) -> Schedule {
     let mut steps = Vec::new();
     let Some(last) = graph.stages.len().checked_sub(1) else {
         return Schedule { steps };
@@ -44,7 +57,9 @@ fn plan(graph: &Graph, target: &CpuTarget, keep: &[bool], lanes: bool) -> Schedu
     // Inline cheap elementwise producers, keep padding (selects) materialised.
     let mut inlined = vec![false; graph.stages.len()];
     for (s, stage) in graph.stages.iter().enumerate().take(last) {
-        if stage.reduce.is_none() && !has_select(&stage.body) && !keep[s] {
+        // A producer of exponentials (or the like) read more than once is computed once.
+        let costly_to_repeat = transcendental(&stage.body) && reads_of(graph, s) > 1;
+        if stage.reduce.is_none() && !has_select(&stage.body) && !keep[s] && !costly_to_repeat {
             steps.push(Step::ComputeInline { stage: s });
             inlined[s] = true;
         }
@@ -67,21 +82,34 @@ fn plan(graph: &Graph, target: &CpuTarget, keep: &[bool], lanes: bool) -> Schedu
         out
     };
     let mut attached = vec![false; graph.stages.len()];
-    let mut rfactored: Vec<(usize, usize)> = Vec::new();
+    // Stages inserted before a stage: rfactor partials and cache_read copies.
+    let mut inserts: Vec<(usize, Insert)> = Vec::new();
     for s in 0..graph.stages.len() {
         if inlined[s] || attached[s] {
             continue;
         }
         let stage = &graph.stages[s];
         // A row reduction (its reduction walks memory, nothing walks the output's last axis
-        // contiguously in its place) splits into vector lanes; other reductions are tiled.
-        let lanes = row_reduction_lanes(graph, s, target).filter(|_| lanes);
-        let tiled = stage
+        // contiguously in its place) splits into vector lanes; other reductions are tiled,
+        // along their last axis or, where that is a poor vector, in a layout.
+        let lanes = row_reduction_lanes(graph, s, target).filter(|_| options.lanes);
+        let layout = stage
             .reduce
             .as_ref()
-            .filter(|_| lanes.is_none())
-            .and_then(|_| plan_tiles(graph, s, target))
-            .map(|plan| emit_tiled(&mut steps, graph, s, &plan));
+            .filter(|_| lanes.is_none() && options.layouts)
+            .and_then(|_| layout_choice(graph, s, target));
+        let plan = match &layout {
+            Some(l) => Some(layout_tiles(graph, s, target, l)),
+            None => stage
+                .reduce
+                .as_ref()
+                .filter(|_| lanes.is_none())
+                .and_then(|_| plan_tiles(graph, s, target)),
+        };
+        let tiled = plan.map(|plan| emit_tiled(&mut steps, graph, s, &plan));
+        if let Some(l) = layout.filter(|_| tiled.is_some()) {
+            inserts.push((s, Insert::CacheRead(l)));
+        }
         match tiled {
             Some(epilogue_at) => {
                 // Fuse one elementwise consumer that reads this stage where it was written.
@@ -100,7 +128,7 @@ fn plan(graph: &Graph, target: &CpuTarget, keep: &[bool], lanes: bool) -> Schedu
             }
             None => match lanes {
                 Some(factor) => {
-                    rfactored.push((s, factor));
+                    inserts.push((s, Insert::Rfactor(factor)));
                     // The final reduction over the lanes: rows in parallel.
                     if stage.n_spatial() >= 1 && stage.size() >= 64 {
                         steps.push(Step::Parallel { stage: s, at: 0 });
@@ -110,39 +138,85 @@ fn plan(graph: &Graph, target: &CpuTarget, keep: &[bool], lanes: bool) -> Schedu
             },
         }
     }
-    if rfactored.is_empty() {
+    if inserts.is_empty() {
         return Schedule { steps };
     }
-    // Each rfactor inserts its partial stage before the stage: the rfactors first (their own
+    // Each insert puts its stage before the stage: the inserting steps first (their own
     // indices counting the earlier ones), every other step with its stage indices moved past
-    // them, then the partial stages' steps.
-    let inserted: Vec<usize> = rfactored.iter().map(|(r, _)| *r).collect();
+    // them, then the inserted stages' steps.
+    let inserted: Vec<usize> = inserts.iter().map(|(r, _)| *r).collect();
     let new_index = |s: usize| s + inserted.iter().filter(|&&r| r <= s).count();
-    let mut out: Vec<Step> = rfactored
+    let mut out: Vec<Step> = inserts
         .iter()
         .enumerate()
-        .map(|(k, &(r, factor))| Step::Rfactor {
-            stage: r + k,
-            factor,
+        .map(|(k, (r, insert))| match insert {
+            Insert::Rfactor(factor) => Step::Rfactor {
+                stage: r + k,
+                factor: *factor,
+            },
+            Insert::CacheRead(l) => Step::CacheRead {
+                stage: r + k,
+                input: l.input,
+                order: l.order.clone(),
+            },
         })
         .collect();
     out.extend(steps.into_iter().map(|step| renumber(step, &new_index)));
-    for (k, &(r, _)) in rfactored.iter().enumerate() {
-        // The partial stage's loops are [spatial..., lane, reduce]: the reduction goes outside
-        // the lane, which is innermost and vectorised, each lane its own accumulator.
+    for (k, (r, insert)) in inserts.iter().enumerate() {
         let p = r + k;
-        let ns = graph.stages[r].n_spatial();
-        let order: Vec<usize> = (0..ns).chain([ns + 1, ns]).collect();
-        out.push(Step::Reorder { stage: p, order });
-        if ns >= 1 {
-            out.push(Step::Parallel { stage: p, at: 0 });
+        match insert {
+            Insert::Rfactor(_) => {
+                // The partial stage's loops are [spatial..., lane, reduce]: the reduction goes
+                // outside the lane, which is innermost and vectorised, each lane its own
+                // accumulator.
+                let ns = graph.stages[*r].n_spatial();
+                let order: Vec<usize> = (0..ns).chain([ns + 1, ns]).collect();
+                out.push(Step::Reorder { stage: p, order });
+                if ns >= 1 {
+                    out.push(Step::Parallel { stage: p, at: 0 });
+                }
+                out.push(Step::Vectorize {
+                    stage: p,
+                    at: ns + 1,
+                });
+            }
+            Insert::CacheRead(l) => {
+                let input = &graph.inputs[l.input].shape;
+                let shape: Vec<usize> = l.order.iter().map(|&o| input[o]).collect();
+                out.extend(copy_steps(p, &shape));
+            }
         }
-        out.push(Step::Vectorize {
-            stage: p,
-            at: ns + 1,
-        });
     }
     Schedule { steps: out }
+}
+
+/// A stage the default schedule inserts before stage `s`.
+enum Insert {
+    /// Rfactor partials, this many lanes.
+    Rfactor(usize),
+    /// A copy of a graph input in a layout.
+    CacheRead(Layout),
+}
+
+/// The register tile of a stage in a layout: up to two vectors along the layout's axis by up
+/// to 8 elements of the last axis (the register budget decides), the whole reduction inside,
+/// every outer loop parallel.
+fn layout_tiles(graph: &Graph, s: usize, target: &CpuTarget, l: &Layout) -> TilePlan {
+    let stage = &graph.stages[s];
+    let last = stage.n_spatial() - 1;
+    let lanes = (target.vector_bytes / elem_bytes(stage.dtype)).max(1);
+    let vext = stage.shape[l.vec_axis];
+    let nr = largest_divisor_at_most(vext, 2 * lanes);
+    let max_rows = (target.acc_registers / nr.div_ceil(lanes)).clamp(1, 8);
+    let mr = largest_divisor_at_most(stage.shape[last], max_rows);
+    let red = stage.reduce.as_ref().map_or(1, |r| r.extents[0]);
+    TilePlan {
+        vec_axis: l.vec_axis,
+        row_axis: Some(last),
+        vec: [vext / nr, 1, nr],
+        row: [stage.shape[last] / mr, 1, mr],
+        red: [1, red],
+    }
 }
 
 /// A row reduction that vectorises by splitting its reduction into vector lanes (rfactor):
@@ -206,6 +280,35 @@ fn renumber(step: Step, f: &dyn Fn(usize) -> usize) -> Step {
         }
     }
     step
+}
+
+/// Whether `e` calls exp, log, tanh or erf: too costly to compute again in every consumer.
+fn transcendental(e: &Expr) -> bool {
+    let mut found = false;
+    e.visit(&mut |x| {
+        found |= matches!(
+            x,
+            Expr::Unary(
+                harl_te::UnaryOp::Exp
+                    | harl_te::UnaryOp::Log
+                    | harl_te::UnaryOp::Tanh
+                    | harl_te::UnaryOp::Erf,
+                _
+            )
+        )
+    });
+    found
+}
+
+/// How many loads of stage `s` the graph's stages make.
+fn reads_of(graph: &Graph, s: usize) -> usize {
+    let mut n = 0;
+    for stage in &graph.stages {
+        stage.body.visit(&mut |e| {
+            n += usize::from(matches!(e, Expr::Load(TensorRef::Stage(p), _) if *p == s));
+        });
+    }
+    n
 }
 
 fn has_select(e: &Expr) -> bool {
@@ -527,41 +630,4 @@ fn largest_divisor_at_most(n: usize, cap: usize) -> usize {
         .rev()
         .find(|d| n.is_multiple_of(*d))
         .unwrap_or(1)
-}
-
-/// The steps of a `cache_read` copy at stage `copy` with axes `shape` (the input's axes with the
-/// moved one last): a blocked transpose. The last axis is split into blocks of a cache line
-/// (16 f32), the block loop goes outermost and runs in parallel, the other axes in between keep
-/// the input's order: each block then reads its rows of the input as a few contiguous streams
-/// and writes whole lines, where the plain nest read the input with the stride of a whole row
-/// for every element (a 256x256x3x3 filter copy took longer than its convolution).
-pub fn copy_steps(copy: usize, shape: &[usize]) -> Vec<Step> {
-    let mut steps = Vec::new();
-    let Some(&last) = shape.last() else {
-        return steps;
-    };
-    let rank = shape.len();
-    if rank < 2 {
-        return steps;
-    }
-    let block = largest_divisor_at_most(last, 16);
-    let mut loops = rank;
-    if block > 1 && block < last {
-        steps.push(Step::Split {
-            stage: copy,
-            at: rank - 1,
-            factors: vec![block],
-        });
-        loops += 1;
-        // [a_0 .. a_{r-2}, outer, inner] -> [outer, a_0 .. a_{r-2}, inner]
-        let order = std::iter::once(rank - 1)
-            .chain(0..rank - 1)
-            .chain([rank])
-            .collect();
-        steps.push(Step::Reorder { stage: copy, order });
-    }
-    if shape.iter().product::<usize>() >= 1 << 15 && loops > 1 {
-        steps.push(Step::Parallel { stage: copy, at: 0 });
-    }
-    steps
 }

@@ -10,6 +10,7 @@ pub mod cuda;
 pub mod default_schedule;
 pub mod directive;
 pub mod gpu_sketch;
+pub mod layout;
 pub mod limits;
 pub mod loop_ir;
 pub mod lower;

@@ -200,7 +200,10 @@ pub fn execute(p: &Program, inputs: &[&[f64]]) -> Result<Vec<f64>, ExecError> {
             .stages
             .iter()
             .zip(&p.has_buffer)
-            .map(|(s, &b)| if b { vec![0.0; s.size()] } else { vec![] })
+            // A buffer without a fill starts as NaN: codegen leaves it uninitialised, so every
+            // element must be written before it is read, and a read of one that was not shows
+            // up in the result.
+            .map(|(s, &b)| if b { vec![f64::NAN; s.size()] } else { vec![] })
             .collect(),
         vars: vec![0; p.var_extents.len()],
         acc: vec![],

@@ -196,11 +196,12 @@ fn rfactor_then_parallel_partials_matches() {
                 order: vec![0, 2, 1],
             },
             Step::Vectorize { stage: 0, at: 2 },
+            // Stages 1-3 are the max, the exponentials and their sum: split the sum.
             Step::Rfactor {
-                stage: 2,
+                stage: 3,
                 factor: 4,
             },
-            Step::Parallel { stage: 2, at: 0 },
+            Step::Parallel { stage: 3, at: 0 },
         ],
     };
     check(&g, &s, 9);

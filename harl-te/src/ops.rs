@@ -1288,13 +1288,22 @@ pub fn softmax(b: &mut GraphBuilder, x: TensorRef, axis: isize) -> OpResult {
         &[l],
         load(x, r.input_from_reduced.clone()),
     );
-    let shifted =
-        (load(x, r.input_from_reduced.clone()) - load(m, r.reduced_from_reduced.clone())).exp();
-    let name = fresh_name(b, "softmax_sum");
-    let s = b.reduce(&name, &r.shape, dx, ReduceOp::Sum, &[l], shifted);
+    // The exponentials are a stage of their own: the sum and the quotient both read them, and
+    // computing each once halves the work of a transcendental-bound kernel.
     let full = axes(0..sx.len());
-    let body =
-        (load(x, full) - load(m, r.reduced_from_full.clone())).exp() / load(s, r.reduced_from_full);
+    let shifted = (load(x, full.clone()) - load(m, r.reduced_from_full.clone())).exp();
+    let name = fresh_name(b, "softmax_exp");
+    let e = b.compute(&name, &sx, dx, shifted);
+    let name = fresh_name(b, "softmax_sum");
+    let s = b.reduce(
+        &name,
+        &r.shape,
+        dx,
+        ReduceOp::Sum,
+        &[l],
+        load(e, r.input_from_reduced.clone()),
+    );
+    let body = load(e, full) / load(s, r.reduced_from_full);
     let name = fresh_name(b, OP);
     Ok(b.compute(&name, &sx, dx, body))
 }

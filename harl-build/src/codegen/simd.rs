@@ -308,6 +308,27 @@ impl Cx<'_> {
                 let x = self.vector_expr(w, var, a)?;
                 Some(w.op("mul", &[&x, &w.splat("(-1.0f32)")]))
             }
+            Expr::Unary(UnaryOp::Sqrt, a) => {
+                let x = self.vector_expr(w, var, a)?;
+                Some(w.op("sqrt", &[&x]))
+            }
+            Expr::Unary(op @ (UnaryOp::Exp | UnaryOp::Log | UnaryOp::Tanh | UnaryOp::Erf), a) => {
+                // harl's branch-free functions (the scalar code's, in these variants) over the
+                // lanes: a loop the compiler vectorises once it sees it whole.
+                let f = match op {
+                    UnaryOp::Exp => "exp_f32",
+                    UnaryOp::Log => "ln_f32",
+                    UnaryOp::Tanh => "tanh_f32",
+                    _ => "erf_f32",
+                };
+                let x = self.vector_expr(w, var, a)?;
+                let l = w.lanes;
+                Some(format!(
+                    "{{ let mut __t = [0.0f32; {l}]; {} for __l in 0..{l} {{ __t[__l] = ::harl::runtime::math::{f}(__t[__l]); }} {} }}",
+                    w.store("__t.as_mut_ptr()", &x),
+                    w.load("__t.as_ptr()")
+                ))
+            }
             _ => None,
         }
     }

@@ -45,7 +45,8 @@ mod moves;
 pub use moves::CpuMoves;
 
 use crate::space::SearchSpace;
-use harl_build::default_schedule::{copy_steps, guarded_axes, plan_tiles, CpuTarget};
+use harl_build::default_schedule::{guarded_axes, plan_tiles, CpuTarget};
+use harl_build::layout::{copy_steps, layout_choice, Layout};
 use harl_build::lower::{lower, ScheduleError, MAX_ACC_ELEMS, MAX_UNROLL};
 use harl_build::rng::Rng;
 use harl_build::schedule::{Schedule, Step};
@@ -228,16 +229,6 @@ enum Plan {
     Rfactor { axis: usize },
 }
 
-/// A tiled stage that vectorises spatial axis `vec_axis` instead of the last one, reading graph
-/// input `input` through a copy whose axes are permuted by `order` (a cache_read), so that the
-/// vector loop walks that copy contiguously.
-#[derive(Clone, Debug, PartialEq)]
-struct Layout {
-    vec_axis: usize,
-    input: usize,
-    order: Vec<usize>,
-}
-
 /// One tiled axis of the sketch.
 #[derive(Clone, Debug)]
 struct TiledAxis {
@@ -304,7 +295,7 @@ pub fn generate_sketches(graph: &Graph, target: &CpuTarget) -> Vec<Sketch> {
                     v.push(tile(true, Some(c), None));
                 }
                 v.push(tile(false, None, None));
-                if let Some(l) = layout_choice(graph, s) {
+                if let Some(l) = layout_choice(graph, s, target) {
                     v.push(tile(true, None, Some(l)));
                 }
             } else {
@@ -1388,71 +1379,6 @@ fn tileable(graph: &Graph, s: usize) -> bool {
         }
     });
     contiguous && reuse
-}
-
-/// Rule 2b: a tileable stage whose last spatial axis walks some operand with a stride other
-/// than 0 or 1 (a strided convolution's input) may vectorise another spatial axis instead: one
-/// that indexes a whole dimension of a graph input which does not depend on the last axis, and
-/// that no other operand depends on (a convolution's filter axis: every other operand is then
-/// broadcast along the vector). That input is read through a copy with that dimension last.
-/// The axis with the largest extent wins.
-fn layout_choice(graph: &Graph, s: usize) -> Option<Layout> {
-    let stage = &graph.stages[s];
-    let ns = stage.n_spatial();
-    let last = ns.checked_sub(1)?;
-    let n_axes = stage.axis_extents().len();
-    let step = |e: &Expr, a: usize| e.stride(a, n_axes);
-    let mut loads = Vec::new();
-    stage.body.visit(&mut |e| {
-        if let Expr::Load(t, idx) = e {
-            loads.push((*t, idx.clone()));
-        }
-    });
-    let strided = loads.iter().any(|(_, idx)| {
-        idx.last()
-            .is_some_and(|l| !matches!(step(l, last), Some(0 | 1)))
-    });
-    if !strided {
-        return None;
-    }
-    let mut best: Option<(usize, Layout)> = None;
-    for a in 0..last {
-        let extent = stage.shape[a];
-        for (t, idx) in &loads {
-            let TensorRef::Input(input) = *t else {
-                continue;
-            };
-            let Some(dim) = idx.iter().position(|i| *i == Expr::Axis(a)) else {
-                continue;
-            };
-            // Every other read of this input is the same access; every other operand is
-            // broadcast along axis `a`.
-            let others_broadcast = loads.iter().all(|(u, jdx)| {
-                if u == t {
-                    jdx == idx
-                } else {
-                    !jdx.iter().any(|i| uses_axis(i, a))
-                }
-            });
-            let independent_of_last = !idx.iter().any(|i| uses_axis(i, last));
-            if dim + 1 == idx.len() || !others_broadcast || !independent_of_last {
-                continue;
-            }
-            if best.as_ref().is_some_and(|(e, _)| *e >= extent) || extent < 2 {
-                continue;
-            }
-            let order = (0..idx.len()).filter(|&d| d != dim).chain([dim]).collect();
-            best = Some((
-                extent,
-                Layout {
-                    vec_axis: a,
-                    input,
-                    order,
-                },
-            ));
-        }
-    }
-    best.map(|(_, l)| l)
 }
 
 /// Rfactor applies: little output parallelism (fewer than 64 elements per thread, and for a
