@@ -107,10 +107,15 @@ fn plan(graph: &Graph, target: &CpuTarget, keep: &[bool], options: Options) -> S
                 .and_then(|_| plan_tiles(graph, s, target)),
         };
         let tiled = plan.map(|plan| emit_tiled(&mut steps, graph, s, &plan));
+        let in_layout = layout.is_some() && tiled.is_some();
         if let Some(l) = layout.filter(|_| tiled.is_some()) {
             inserts.push((s, Insert::CacheRead(l)));
         }
         match tiled {
+            // A tile in a layout keeps its consumers apart: fused, they would walk the output
+            // across its rows (a filter-major tile), and ran 1.5-2x slower than a pass of their
+            // own over the whole output (`harl-bench probe --workload resnet_s1_1x1_64`).
+            Some(_) if in_layout => {}
             Some(epilogue_at) => {
                 // Fuse one elementwise consumer that reads this stage where it was written.
                 let consumer =

@@ -31,11 +31,12 @@ const MIN_REUSE: usize = 16;
 
 /// The layout of stage `s`, if it wants one. The stage's last spatial axis must be a poor
 /// vector: some operand is read along it with a stride other than 0 or 1 (a strided
-/// convolution's input), or it is shorter than two vectors of `target`. The new vector axis
+/// convolution's input), or the default's register tile along it leaves vector lanes idle
+/// ([`lane_use`] below 1: 7, 14, 28 or 56 pixels of a convolution's row). The new vector axis
 /// indexes a whole dimension of a graph input that does not depend on the last axis, and no
 /// other operand depends on it (a convolution's filter axis: every other operand is then
-/// broadcast along the vector); for a short row it must itself be at least two vectors long.
-/// The axis with the largest extent wins.
+/// broadcast along the vector); unless the row is strided, its own tile must use the lanes
+/// better. The axis with the largest extent wins.
 pub fn layout_choice(graph: &Graph, s: usize, target: &CpuTarget) -> Option<Layout> {
     let stage = graph.stages.get(s)?;
     let reduce: usize = stage.reduce.as_ref()?.extents.iter().product();
@@ -54,11 +55,13 @@ pub fn layout_choice(graph: &Graph, s: usize, target: &CpuTarget) -> Option<Layo
             .is_some_and(|l| !matches!(step(l, last), Some(0 | 1)))
     });
     let lanes = (target.vector_bytes / elem_bytes(stage.dtype)).max(1);
-    let short = stage.shape[last] < 2 * lanes;
-    if !strided && !short {
+    // How well the default's register tile along the last axis fills the vectors.
+    let row_use = crate::default_schedule::plan_tiles(graph, s, target)
+        .filter(|p| p.vec_axis == last)
+        .map_or(0.0, |p| lane_use(p.vec[2], lanes));
+    if !strided && row_use >= 1.0 {
         return None;
     }
-    let min_extent = if strided { 2 } else { 2 * lanes };
     let mut best: Option<(usize, Layout)> = None;
     for a in 0..last {
         let extent = stage.shape[a];
@@ -82,7 +85,11 @@ pub fn layout_choice(graph: &Graph, s: usize, target: &CpuTarget) -> Option<Layo
             if dim + 1 == idx.len() || !others_broadcast || !independent_of_last {
                 continue;
             }
-            if best.as_ref().is_some_and(|(e, _)| *e >= extent) || extent < min_extent {
+            // A strided row is a gather: any other vector is better. Otherwise the layout's
+            // own tile must fill its vectors better than the row's does.
+            let tile = largest_divisor_at_most(extent, 2 * lanes);
+            let better = extent >= 2 && (strided || lane_use(tile, lanes) > row_use);
+            if best.as_ref().is_some_and(|(e, _)| *e >= extent) || !better {
                 continue;
             }
             // The copy is made on every call: it must pay for itself.
@@ -142,6 +149,28 @@ pub fn copy_steps(copy: usize, shape: &[usize]) -> Vec<Step> {
     steps
 }
 
+/// The share of vector lanes doing work when `n` elements are computed as codegen emits them
+/// for a vector of `lanes`: full vectors, then one each of the halves that fit (down to 4
+/// lanes), then one scalar operation per element left. 28 elements on 16 lanes: 16 + 8 + 4,
+/// three operations for 28 of 48 lanes.
+pub fn lane_use(n: usize, lanes: usize) -> f64 {
+    if n == 0 || lanes == 0 {
+        return 0.0;
+    }
+    let mut ops = n / lanes;
+    let mut rest = n % lanes;
+    let mut w = lanes / 2;
+    while w >= 4 {
+        if rest >= w {
+            ops += 1;
+            rest -= w;
+        }
+        w /= 2;
+    }
+    ops += rest;
+    n as f64 / (ops * lanes) as f64
+}
+
 fn uses_axis(e: &Expr, a: usize) -> bool {
     let mut found = false;
     e.visit(&mut |x| found |= *x == Expr::Axis(a));
@@ -160,4 +189,46 @@ fn largest_divisor_at_most(n: usize, cap: usize) -> usize {
         .rev()
         .find(|d| n.is_multiple_of(*d))
         .unwrap_or(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use harl_te::ops::workloads as w;
+
+    #[test]
+    fn lane_use_counts_the_operations_codegen_emits() {
+        assert_eq!(lane_use(32, 16), 1.0);
+        // 16 + 8 + 4: three operations.
+        assert!((lane_use(28, 16) - 28.0 / 48.0).abs() < 1e-12);
+        // 4 + 3 scalars.
+        assert!((lane_use(7, 16) - 7.0 / 64.0).abs() < 1e-12);
+        assert_eq!(lane_use(0, 16), 0.0);
+    }
+
+    #[test]
+    fn poor_rows_take_the_filter_axis_and_good_ones_keep_theirs() {
+        let t = CpuTarget {
+            vector_bytes: 64,
+            acc_registers: 16,
+            threads: 1,
+        };
+        // Stride 2: always.
+        let g = w::conv2d(1, 64, 28, 28, 64, 3, 3, 2, 1, 1, 1).expect("conv2d");
+        let s = g.stages.len() - 1;
+        let l = layout_choice(&g, s, &t).expect("a layout");
+        assert_eq!((l.vec_axis, l.order.clone()), (1, vec![1, 2, 3, 0]));
+        // 56 pixels a row (a 28-wide tile, 16 + 8 + 4): the filter axis, 64 wide, is better.
+        let g = w::conv2d(1, 64, 56, 56, 64, 3, 3, 1, 1, 1, 1).expect("conv2d");
+        assert!(layout_choice(&g, g.stages.len() - 1, &t).is_some());
+        // 64 pixels a row fill their vectors: no layout.
+        let g = w::conv2d(1, 64, 64, 64, 64, 3, 3, 1, 1, 1, 1).expect("conv2d");
+        assert!(layout_choice(&g, g.stages.len() - 1, &t).is_none());
+        // A GEMM with a wide N keeps its row.
+        let g = w::matmul(64, 64, 256).expect("matmul");
+        assert!(layout_choice(&g, 0, &t).is_none());
+        // A copy that would not pay for itself (one output row per filter element): none.
+        let g = w::conv2d(1, 256, 1, 1, 256, 1, 1, 1, 0, 1, 1).expect("conv2d");
+        assert!(layout_choice(&g, 0, &t).is_none());
+    }
 }

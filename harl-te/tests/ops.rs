@@ -811,7 +811,8 @@ fn softmax_matches() {
         let x = b.input("x", &shape, DType::F32);
         let y = ops::softmax(&mut b, x, axis).unwrap();
         let g = b.finish().unwrap();
-        assert_eq!(g.stages.len(), 3);
+        // max, exp, sum, quotient
+        assert_eq!(g.stages.len(), 4);
         assert_eq!(g.shape(y), &shape);
         // Large values: the max subtraction keeps exp finite.
         let xv: Vec<f64> = r.vec32(24).iter().map(|v| v * 50.0).collect();
@@ -1091,7 +1092,7 @@ fn workloads_build_and_validate() {
         assert!(g.flops() > 0.0);
     }
     assert_eq!(workloads::dense_bias_relu(4, 5, 6).unwrap().stages.len(), 2);
-    assert_eq!(workloads::softmax(4, 16).unwrap().stages.len(), 3);
+    assert_eq!(workloads::softmax(4, 16).unwrap().stages.len(), 4);
     assert!(workloads::conv2d(1, 3, 2, 2, 4, 5, 5, 1, 0, 1, 1).is_err());
     assert!(workloads::matmul(0, 2, 2).is_err());
     assert!(workloads::conv1d(1, 3, 10, 4, 3, 1, 0, 1, 2).is_err());
