@@ -9,7 +9,7 @@ use harl_build::codegen::Variant;
 use harl_build::default_schedule::{default_schedule, CpuTarget};
 use harl_build::loop_ir::{execute, LoopKind, Program, Stmt};
 use harl_build::lower::lower;
-use harl_build::schedule::Schedule;
+use harl_build::schedule::{Schedule, Step};
 use harl_te::ops::workloads as w;
 use harl_te::{interp, Graph};
 use harl_tune::rng::Rng;
@@ -271,13 +271,20 @@ fn sketches_per_workload() {
     );
     // A strided convolution reads its input at stride 2 along the output's last axis: a third
     // sketch vectorises the filter axis over a filter copy with that axis last.
-    let conv = w::conv2d(1, 3, 7, 6, 4, 3, 3, 2, 1, 1, 1).expect("conv2d");
+    // (The filter copy must pay for itself: 16 multiply-adds per copied element at least.)
+    let conv = w::conv2d(1, 3, 14, 14, 4, 3, 3, 2, 1, 1, 1).expect("conv2d");
     assert_eq!(
         names(&conv),
         ["tile+cache_write", "tile", "tile+cache_read+cache_write"]
     );
-    // At stride 1 the last axis reads the input contiguously: no layout sketch.
-    let conv = w::conv2d(1, 3, 7, 6, 4, 3, 3, 1, 1, 1, 1).expect("conv2d");
+    // So does a row that leaves vector lanes idle (6 pixels) beside a wider filter axis...
+    let conv = w::conv2d(1, 3, 7, 6, 16, 3, 3, 1, 1, 1, 1).expect("conv2d");
+    assert_eq!(
+        names(&conv),
+        ["tile+cache_write", "tile", "tile+cache_read+cache_write"]
+    );
+    // ...while a row that fills its vectors (64 pixels) keeps its own.
+    let conv = w::conv2d(1, 3, 8, 64, 16, 3, 3, 1, 1, 1, 1).expect("conv2d");
     assert_eq!(names(&conv), ["tile+cache_write", "tile"]);
     let sm = w::softmax(3, 48).expect("softmax");
     assert_eq!(
@@ -551,10 +558,26 @@ fn default_params_give_the_default_loops() {
         w::conv2d(1, 64, 56, 56, 64, 3, 3, 1, 1, 1, 1).expect("conv2d"),
     ];
     for g in graphs {
-        let default = lower(&g, &default_schedule(&g, &target)).expect("default lowers");
-        let sk = &generate_sketches(&g, &target)[0];
-        assert_eq!(sk.name(), "tile+cache_write");
-        let p = sk.default_params(0, &target).expect("a default point");
+        let schedule = default_schedule(&g, &target);
+        let default = lower(&g, &schedule).expect("default lowers");
+        // A default in a layout (the 56-pixel rows of the convolution) is the layout
+        // sketch's seed.
+        let layout = schedule
+            .steps
+            .iter()
+            .any(|s| matches!(s, Step::CacheRead { .. }));
+        let want = if layout {
+            "tile+cache_read+cache_write"
+        } else {
+            "tile+cache_write"
+        };
+        let sketches = generate_sketches(&g, &target);
+        let (i, sk) = sketches
+            .iter()
+            .enumerate()
+            .find(|(_, sk)| sk.name() == want)
+            .expect("the sketch");
+        let p = sk.default_params(i, &target).expect("a default point");
         let ours = lower(&g, &sk.to_schedule(&p).expect("valid")).expect("lowers");
         // The reduction's nest (a padding stage before it takes the sketch's unroll knob,
         // which the default leaves alone).
