@@ -610,13 +610,13 @@ pub fn guarded_axes(stage: &harl_te::Stage) -> Vec<bool> {
     guarded
 }
 
-fn uses_axis(e: &Expr, a: usize) -> bool {
+pub(crate) fn uses_axis(e: &Expr, a: usize) -> bool {
     let mut found = false;
     e.visit(&mut |x| found |= *x == Expr::Axis(a));
     found
 }
 
-fn elem_bytes(d: harl_te::DType) -> usize {
+pub(crate) fn elem_bytes(d: harl_te::DType) -> usize {
     match d {
         harl_te::DType::F64 => 8,
         _ => 4,
@@ -630,7 +630,7 @@ fn pick_divisor(n: usize, prefs: &[usize]) -> Option<usize> {
         .find(|&d| d >= 1 && d <= n && n.is_multiple_of(d))
 }
 
-fn largest_divisor_at_most(n: usize, cap: usize) -> usize {
+pub(crate) fn largest_divisor_at_most(n: usize, cap: usize) -> usize {
     (1..=cap.min(n).max(1))
         .rev()
         .find(|d| n.is_multiple_of(*d))

@@ -8,6 +8,7 @@
 //! schedule and the tuner's layout sketch both take their layout from [`layout_choice`], and
 //! lay out the copy with [`copy_steps`].
 
+use crate::default_schedule::{elem_bytes, largest_divisor_at_most, uses_axis};
 use crate::schedule::Step;
 use crate::target::CpuTarget;
 use harl_te::{Expr, Graph, TensorRef};
@@ -169,26 +170,6 @@ pub fn lane_use(n: usize, lanes: usize) -> f64 {
     }
     ops += rest;
     n as f64 / (ops * lanes) as f64
-}
-
-fn uses_axis(e: &Expr, a: usize) -> bool {
-    let mut found = false;
-    e.visit(&mut |x| found |= *x == Expr::Axis(a));
-    found
-}
-
-fn elem_bytes(d: harl_te::DType) -> usize {
-    match d {
-        harl_te::DType::F64 => 8,
-        _ => 4,
-    }
-}
-
-fn largest_divisor_at_most(n: usize, cap: usize) -> usize {
-    (1..=cap.min(n).max(1))
-        .rev()
-        .find(|d| n.is_multiple_of(*d))
-        .unwrap_or(1)
 }
 
 #[cfg(test)]
