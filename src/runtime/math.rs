@@ -1,5 +1,6 @@
 //! f32 `exp`, `ln`, `tanh` and `erf` that vectorise: branch-free (every special case is a
-//! select), no calls, no tables, no `mul_add` (a libm call where the CPU has no FMA), all
+//! select), no calls, no tables, `mul_add` only when the caller's `FMA` parameter says the CPU
+//! has the instruction (elsewhere it is a libm call; the kernels pass their variant's), all
 //! `#[inline]` so that LLVM inlines them into a kernel's loop under its `#[target_feature]` and
 //! turns the loop into AVX-512 / AVX2 / NEON code. The scalar `f32::exp` and friends are calls
 //! into libm that stop a loop from vectorising; a GELU epilogue spent most of its time in them.
@@ -7,9 +8,10 @@
 //! Error bounds, against the correctly rounded result of an f64 reference (std's `exp`, `ln`,
 //! `tanh`; the `libm` crate's `erf`) over a dense sweep of f32 inputs (the tests below: every
 //! 509th f32 over the whole range plus every 3rd to 11th around the hard spots; 16x sparser
-//! in debug builds): asserted at most 2 ulp for `exp_f32` (normal results; subnormal ones
-//! within 2^-148), `ln_f32` and `tanh_f32`, and 4 ulp for `erf_f32`; the worst seen in a
-//! release sweep was 1, 1, 1 and 3 ulp. Special values follow IEEE: NaN in, NaN out;
+//! in debug builds), with and without FMA: asserted at most 2 ulp for `exp_f32` (normal
+//! results; subnormal ones within 2^-148), `ln_f32` and `tanh_f32`, and 4 ulp for `erf_f32`;
+//! the worst seen in a release sweep was 1, 1, 1 and 3 ulp without FMA and 1, 1, 2 and 3 with
+//! it. Special values follow IEEE: NaN in, NaN out;
 //! `exp(+inf) = inf`, `exp(-inf) = 0`; `ln(0) = -inf`, `ln(x < 0) = NaN`, `ln(inf) = inf`;
 //! `tanh(±inf) = ±1`; `erf(±inf) = ±1`.
 //!
@@ -30,24 +32,38 @@ fn pow2i(k: i32) -> f32 {
     f32::from_bits(((k + 127) as u32) << 23)
 }
 
-/// `e^x` (at most 2 ulp).
+/// `a * b + c`, fused in the variants with FMA.
 #[inline(always)]
-pub fn exp_f32(x: f32) -> f32 {
+fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
+    super::madd_f32::<FMA>(a, b, c)
+}
+
+/// `e^x` (at most 2 ulp). `FMA`: the polynomial and the range reduction as fused
+/// multiply-adds (1.5x faster on AVX-512; pass the variant's `FMA`, false where there is no
+/// FMA unit, as `mul_add` is then a libm call).
+#[inline(always)]
+pub fn exp_f32<const FMA: bool>(x: f32) -> f32 {
     // Beyond these the result is inf or 0 anyway; the clamp keeps 2^n's exponent in range.
     let xc = x.clamp(-104.0, 89.0);
     // n = round(x / ln 2), as a float and, from the same sum's low bits, as an integer: no
     // float-to-int conversion (Rust's saturating `as` does not vectorise well).
-    let t = xc * LOG2_E + ROUND;
+    let t = madd::<FMA>(xc, LOG2_E, ROUND);
     let n = t - ROUND;
     let ni = (t.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
-    let r = (xc - n * LN2_HI) - n * LN2_LO;
+    let r = madd::<FMA>(-n, LN2_LO, madd::<FMA>(-n, LN2_HI, xc));
     // e^r on |r| <= ln2/2: the Taylor polynomial to degree 7 (truncation < 2^-27 relative).
-    let p = 1.0
-        + r * (1.0
-            + r * (0.5
-                + r * (1.0 / 6.0
-                    + r * (1.0 / 24.0
-                        + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
+    let mut p = 1.0 / 5040.0;
+    for c in [
+        1.0 / 720.0,
+        1.0 / 120.0,
+        1.0 / 24.0,
+        1.0 / 6.0,
+        0.5,
+        1.0,
+        1.0,
+    ] {
+        p = madd::<FMA>(r, p, c);
+    }
     // 2^n in two halves, so that n in [-150, 129] never leaves the exponent's range: the
     // product overflows to inf or rounds to a subnormal or 0 as the true result does.
     let n1 = ni >> 1;
@@ -59,9 +75,9 @@ pub fn exp_f32(x: f32) -> f32 {
     }
 }
 
-/// The natural logarithm (at most 2 ulp).
+/// The natural logarithm (at most 2 ulp); `FMA` as for [`exp_f32`].
 #[inline(always)]
-pub fn ln_f32(x: f32) -> f32 {
+pub fn ln_f32<const FMA: bool>(x: f32) -> f32 {
     // Subnormals: scale into the normal range first.
     let tiny = x < f32::MIN_POSITIVE;
     let xs = if tiny { x * 8_388_608.0 } else { x };
@@ -78,7 +94,11 @@ pub fn ln_f32(x: f32) -> f32 {
     // the small corrections.
     let s = f / (2.0 + f);
     let z = s * s;
-    let r = z * (2.0 / 3.0 + z * (2.0 / 5.0 + z * (2.0 / 7.0 + z * (2.0 / 9.0))));
+    let r = z * madd::<FMA>(
+        z,
+        madd::<FMA>(z, madd::<FMA>(z, 2.0 / 9.0, 2.0 / 7.0), 2.0 / 5.0),
+        2.0 / 3.0,
+    );
     let hfsq = 0.5 * f * f;
     let ef = e as f32;
     let y = ef * LN2_HI - ((hfsq - (s * (hfsq + r) + ef * LN2_LO)) - f);
@@ -91,60 +111,71 @@ pub fn ln_f32(x: f32) -> f32 {
     }
 }
 
-/// The hyperbolic tangent (at most 2 ulp).
+/// The hyperbolic tangent (at most 2 ulp); `FMA` as for [`exp_f32`].
 #[inline(always)]
-pub fn tanh_f32(x: f32) -> f32 {
+pub fn tanh_f32<const FMA: bool>(x: f32) -> f32 {
     let a = x.abs();
     // Small |x|: the odd Taylor series to x^19 (|x| < 0.55: truncation < 2^-30 relative).
     let a2 = a * a;
-    let small = a
-        * (1.0
-            + a2 * (-1.0 / 3.0
-                + a2 * (2.0 / 15.0
-                    + a2 * (-17.0 / 315.0
-                        + a2 * (62.0 / 2835.0
-                            + a2 * (-1382.0 / 155_925.0
-                                + a2 * (21_844.0 / 6_081_075.0
-                                    + a2 * (-929_569.0 / 638_512_875.0
-                                        + a2 * (6_404_582.0 / 10_854_718_875.0
-                                            + a2 * (-443_861_162.0 / 1_856_156_927_625.0))))))))));
+    let mut p = -443_861_162.0 / 1_856_156_927_625.0;
+    for c in [
+        6_404_582.0 / 10_854_718_875.0,
+        -929_569.0 / 638_512_875.0,
+        21_844.0 / 6_081_075.0,
+        -1382.0 / 155_925.0,
+        62.0 / 2835.0,
+        -17.0 / 315.0,
+        2.0 / 15.0,
+        -1.0 / 3.0,
+        1.0,
+    ] {
+        p = madd::<FMA>(a2, p, c);
+    }
+    let small = a * p;
     // Elsewhere 1 - 2 / (e^(2|x|) + 1); e^(2|x|) is inf past 44, which gives exactly 1.
-    let large = 1.0 - 2.0 / (exp_f32(2.0 * a) + 1.0);
+    let large = 1.0 - 2.0 / (exp_f32::<FMA>(2.0 * a) + 1.0);
     let t = if a < 0.55 { small } else { large };
     let t = if x.is_nan() { x } else { t };
     t.copysign(x)
 }
 
-/// The error function (at most 4 ulp).
+/// The error function (at most 4 ulp); `FMA` as for [`exp_f32`].
 #[inline(always)]
-pub fn erf_f32(x: f32) -> f32 {
+pub fn erf_f32<const FMA: bool>(x: f32) -> f32 {
     let z = x.abs().min(4.0);
     let z2 = z * z;
     // |x| < 0.6: 2/sqrt(pi) * sum (-1)^k x^(2k+1) / (k! (2k+1)), to k = 8.
-    let small = z
-        * (std::f32::consts::FRAC_2_SQRT_PI
-            * (1.0
-                + z2 * (-1.0 / 3.0
-                    + z2 * (1.0 / 10.0
-                        + z2 * (-1.0 / 42.0
-                            + z2 * (1.0 / 216.0
-                                + z2 * (-1.0 / 1320.0
-                                    + z2 * (1.0 / 9360.0
-                                        + z2 * (-1.0 / 75_600.0 + z2 * (1.0 / 685_440.0))))))))));
+    let mut p = 1.0 / 685_440.0;
+    for c in [
+        -1.0 / 75_600.0,
+        1.0 / 9360.0,
+        -1.0 / 1320.0,
+        1.0 / 216.0,
+        -1.0 / 42.0,
+        1.0 / 10.0,
+        -1.0 / 3.0,
+        1.0,
+    ] {
+        p = madd::<FMA>(z2, p, c);
+    }
+    let small = z * (std::f32::consts::FRAC_2_SQRT_PI * p);
     // Elsewhere 1 - erfc(|x|), erfc from its Chebyshev fit (relative error < 1.2e-7; Numerical
     // Recipes' erfcc). At |x| >= 4 erfc < 2^-26, below half an ulp of 1.
     let t = 1.0 / (1.0 + 0.5 * z);
-    let erfc = t * exp_f32(
-        -z2 - 1.265_512_2
-            + t * (1.000_023_7
-                + t * (0.374_091_96
-                    + t * (0.096_784_18
-                        + t * (-0.186_288_06
-                            + t * (0.278_868_07
-                                + t * (-1.135_204
-                                    + t * (1.488_515_9
-                                        + t * (-0.822_152_23 + t * 0.170_872_77)))))))),
-    );
+    let mut q = 0.170_872_77;
+    for c in [
+        -0.822_152_23,
+        1.488_515_9,
+        -1.135_204,
+        0.278_868_07,
+        -0.186_288_06,
+        0.096_784_18,
+        0.374_091_96,
+        1.000_023_7,
+    ] {
+        q = madd::<FMA>(t, q, c);
+    }
+    let erfc = t * exp_f32::<FMA>(madd::<FMA>(t, q, -z2 - 1.265_512_2));
     let e = if z < 0.6 { small } else { 1.0 - erfc };
     let e = if x.is_nan() { x } else { e };
     e.copysign(x)
@@ -204,66 +235,88 @@ mod tests {
 
     const STEP: u32 = 509; // about 8.4 million inputs over all finite f32s (release)
 
+    type F32Fn = fn(f32) -> f32;
+
+    /// Both forms of a function: plain multiply-adds and fused ones.
+    fn forms(plain: F32Fn, fused: F32Fn) -> [(&'static str, F32Fn); 2] {
+        [("", plain), (" (FMA)", fused)]
+    }
+
     #[test]
     fn exp_is_within_2_ulps_where_the_result_is_normal() {
-        let (u, at) = worst(exp_f32, f64::exp, sweep(-87.3, 88.7, STEP));
-        println!("exp_f32: at most {u} ulp (worst at {at})");
-        assert!(u <= 2, "{u} ulps at {at}");
-        // Subnormal results: within 2^-148 absolute.
-        for x in sweep(-103.9, -87.4, 3) {
-            let err = (f64::from(exp_f32(x)) - f64::from(x).exp()).abs();
-            assert!(err <= 2f64.powi(-148), "{err:e} at {x}");
+        for (form, f) in forms(exp_f32::<false>, exp_f32::<true>) {
+            let (u, at) = worst(f, f64::exp, sweep(-87.3, 88.7, STEP));
+            println!("exp_f32{form}: at most {u} ulp (worst at {at})");
+            assert!(u <= 2, "{u} ulps at {at}{form}");
+            // Subnormal results: within 2^-148 absolute.
+            for x in sweep(-103.9, -87.4, 3) {
+                let err = (f64::from(f(x)) - f64::from(x).exp()).abs();
+                assert!(err <= 2f64.powi(-148), "{err:e} at {x}{form}");
+            }
         }
     }
 
     #[test]
     fn ln_is_within_2_ulps() {
-        let (u, at) = worst(ln_f32, f64::ln, sweep(0.0, f32::MAX, STEP / 4));
-        println!("ln_f32: at most {u} ulp (worst at {at})");
-        assert!(u <= 2, "{u} ulps at {at}");
-        let (u, at) = worst(ln_f32, f64::ln, sweep(0.5, 2.0, 3));
-        println!("ln_f32 on [0.5, 2]: at most {u} ulp (worst at {at})");
-        assert!(u <= 2, "{u} ulps at {at} (near 1)");
+        for (form, f) in forms(ln_f32::<false>, ln_f32::<true>) {
+            let (u, at) = worst(f, f64::ln, sweep(0.0, f32::MAX, STEP / 4));
+            println!("ln_f32{form}: at most {u} ulp (worst at {at})");
+            assert!(u <= 2, "{u} ulps at {at}{form}");
+            let (u, at) = worst(f, f64::ln, sweep(0.5, 2.0, 3));
+            println!("ln_f32{form} on [0.5, 2]: at most {u} ulp (worst at {at})");
+            assert!(u <= 2, "{u} ulps at {at} (near 1){form}");
+        }
     }
 
     #[test]
     fn tanh_is_within_2_ulps() {
-        let (u, at) = worst(tanh_f32, f64::tanh, sweep(f32::MIN, f32::MAX, STEP));
-        println!("tanh_f32: at most {u} ulp (worst at {at})");
-        assert!(u <= 2, "{u} ulps at {at}");
-        let (u, at) = worst(tanh_f32, f64::tanh, sweep(-1.0, 1.0, 11));
-        println!("tanh_f32 on [-1, 1]: at most {u} ulp (worst at {at})");
-        assert!(u <= 2, "{u} ulps at {at} (around the switch)");
+        for (form, f) in forms(tanh_f32::<false>, tanh_f32::<true>) {
+            let (u, at) = worst(f, f64::tanh, sweep(f32::MIN, f32::MAX, STEP));
+            println!("tanh_f32{form}: at most {u} ulp (worst at {at})");
+            assert!(u <= 2, "{u} ulps at {at}{form}");
+            let (u, at) = worst(f, f64::tanh, sweep(-1.0, 1.0, 11));
+            println!("tanh_f32{form} on [-1, 1]: at most {u} ulp (worst at {at})");
+            assert!(u <= 2, "{u} ulps at {at} (around the switch){form}");
+        }
     }
 
     #[test]
     fn erf_is_within_4_ulps() {
-        let (u, at) = worst(erf_f32, libm::erf, sweep(f32::MIN, f32::MAX, STEP));
-        println!("erf_f32: at most {u} ulp (worst at {at})");
-        assert!(u <= 4, "{u} ulps at {at}");
-        let (u, at) = worst(erf_f32, libm::erf, sweep(-4.0, 4.0, 11));
-        println!("erf_f32 on [-4, 4]: at most {u} ulp (worst at {at})");
-        assert!(u <= 4, "{u} ulps at {at} (the curved part)");
+        for (form, f) in forms(erf_f32::<false>, erf_f32::<true>) {
+            let (u, at) = worst(f, libm::erf, sweep(f32::MIN, f32::MAX, STEP));
+            println!("erf_f32{form}: at most {u} ulp (worst at {at})");
+            assert!(u <= 4, "{u} ulps at {at}{form}");
+            let (u, at) = worst(f, libm::erf, sweep(-4.0, 4.0, 11));
+            println!("erf_f32{form} on [-4, 4]: at most {u} ulp (worst at {at})");
+            assert!(u <= 4, "{u} ulps at {at} (the curved part){form}");
+        }
     }
 
     #[test]
     fn special_values_follow_ieee() {
-        assert!(exp_f32(f32::NAN).is_nan() && ln_f32(f32::NAN).is_nan());
-        assert!(tanh_f32(f32::NAN).is_nan() && erf_f32(f32::NAN).is_nan());
-        assert_eq!(exp_f32(f32::INFINITY), f32::INFINITY);
-        assert_eq!(exp_f32(f32::NEG_INFINITY), 0.0);
-        assert_eq!(exp_f32(100.0), f32::INFINITY);
-        assert_eq!(exp_f32(0.0), 1.0);
-        assert_eq!(ln_f32(0.0), f32::NEG_INFINITY);
-        assert_eq!(ln_f32(-0.0), f32::NEG_INFINITY);
-        assert!(ln_f32(-1.0).is_nan());
-        assert_eq!(ln_f32(f32::INFINITY), f32::INFINITY);
-        assert_eq!(ln_f32(1.0), 0.0);
-        assert_eq!(tanh_f32(f32::INFINITY), 1.0);
-        assert_eq!(tanh_f32(f32::NEG_INFINITY), -1.0);
-        assert_eq!(erf_f32(f32::INFINITY), 1.0);
-        assert_eq!(erf_f32(f32::NEG_INFINITY), -1.0);
-        assert_eq!(erf_f32(0.0), 0.0);
-        assert!(tanh_f32(-0.0).is_sign_negative() && erf_f32(-0.0).is_sign_negative());
+        special_values::<false>();
+        special_values::<true>();
+    }
+
+    fn special_values<const FMA: bool>() {
+        assert!(exp_f32::<FMA>(f32::NAN).is_nan() && ln_f32::<FMA>(f32::NAN).is_nan());
+        assert!(tanh_f32::<FMA>(f32::NAN).is_nan() && erf_f32::<FMA>(f32::NAN).is_nan());
+        assert_eq!(exp_f32::<FMA>(f32::INFINITY), f32::INFINITY);
+        assert_eq!(exp_f32::<FMA>(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp_f32::<FMA>(100.0), f32::INFINITY);
+        assert_eq!(exp_f32::<FMA>(0.0), 1.0);
+        assert_eq!(ln_f32::<FMA>(0.0), f32::NEG_INFINITY);
+        assert_eq!(ln_f32::<FMA>(-0.0), f32::NEG_INFINITY);
+        assert!(ln_f32::<FMA>(-1.0).is_nan());
+        assert_eq!(ln_f32::<FMA>(f32::INFINITY), f32::INFINITY);
+        assert_eq!(ln_f32::<FMA>(1.0), 0.0);
+        assert_eq!(tanh_f32::<FMA>(f32::INFINITY), 1.0);
+        assert_eq!(tanh_f32::<FMA>(f32::NEG_INFINITY), -1.0);
+        assert_eq!(erf_f32::<FMA>(f32::INFINITY), 1.0);
+        assert_eq!(erf_f32::<FMA>(f32::NEG_INFINITY), -1.0);
+        assert_eq!(erf_f32::<FMA>(0.0), 0.0);
+        assert!(
+            tanh_f32::<FMA>(-0.0).is_sign_negative() && erf_f32::<FMA>(-0.0).is_sign_negative()
+        );
     }
 }

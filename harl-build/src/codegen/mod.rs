@@ -31,7 +31,7 @@ const SOURCE_UNROLL_BYTES: usize = 64 * 1024;
 /// scalar and is slower than libm). The variant's `VECTOR_MATH` constant folds the choice.
 fn vector_math(harl: &str, method: &str, x: &str) -> String {
     format!(
-        "(if VECTOR_MATH {{ ::harl::runtime::math::{harl}_f32({x}) }} else {{ {x}.{method}() }})"
+        "(if VECTOR_MATH {{ ::harl::runtime::math::{harl}_f32::<FMA>({x}) }} else {{ {x}.{method}() }})"
     )
 }
 
@@ -545,7 +545,7 @@ impl Cx<'_> {
                     (UnaryOp::Sqrt, _) => format!("{x}.sqrt()"),
                     (UnaryOp::Tanh, _) => format!("{x}.tanh()"),
                     (UnaryOp::Erf, Ty::Val(DType::F32)) => format!(
-                        "(if VECTOR_MATH {{ ::harl::runtime::math::erf_f32({x}) }} else {{ ::harl::runtime::erf_f64({x} as f64) as f32 }})"
+                        "(if VECTOR_MATH {{ ::harl::runtime::math::erf_f32::<FMA>({x}) }} else {{ ::harl::runtime::erf_f64({x} as f64) as f32 }})"
                     ),
                     (UnaryOp::Erf, Ty::Val(d)) => {
                         format!("::harl::runtime::erf_{}({x})", d.rust_name())
