@@ -116,6 +116,8 @@ fn write_crate(dir: &Path, cases: &[Case], package: &str) {
                 .map(|v| {
                     if it == "i32" {
                         format!("{}", *v as i64)
+                    } else if v.is_nan() {
+                        format!("{it}::NAN")
                     } else {
                         format!("{v:?}")
                     }
@@ -320,4 +322,51 @@ fn random_legal_and_illegal_schedules_lower_or_fail_cleanly_and_compute_what_the
         })
         .collect();
     check_compiled(&cases, "codegen-random-check");
+}
+
+/// Max and min in vector loops keep Rust's NaN rule (the other operand wins), which the bare
+/// instructions do not (they return their second operand): a row max over inputs with NaNs,
+/// split into vector lanes by the default schedule, and an elementwise `max(0, x)` and
+/// `min(x, 1)` with the NaN second.
+#[test]
+fn vector_min_max_follow_rusts_nan_rule() {
+    use harl_te::{DType, Expr, GraphBuilder, ReduceOp, TensorRef};
+    let load = |t: TensorRef, a: usize, b: usize| Expr::Load(t, vec![Expr::Axis(a), Expr::Axis(b)]);
+    let mut g = GraphBuilder::new();
+    let x = g.input("x", &[4, 64], DType::F32);
+    g.reduce(
+        "row_max",
+        &[4],
+        DType::F32,
+        ReduceOp::Max,
+        &[64],
+        load(x, 0, 1),
+    );
+    let row_max = g.finish().expect("graph");
+    let mut g = GraphBuilder::new();
+    let x = g.input("x", &[4, 64], DType::F32);
+    g.compute(
+        "clip",
+        &[4, 64],
+        DType::F32,
+        Expr::f32(0.0).max(load(x, 0, 1)).min(Expr::f32(1.0)),
+    );
+    let clip = g.finish().expect("graph");
+    let mut cases = Vec::new();
+    for graph in [row_max, clip] {
+        let mut inputs = data(&graph, 3);
+        for v in inputs[0].iter_mut().step_by(5) {
+            *v = f64::NAN;
+        }
+        let refs: Vec<&[f64]> = inputs.iter().map(|v| v.as_slice()).collect();
+        let want = interp::run(&graph, &refs).expect("interpreter");
+        assert!(want.iter().all(|v| !v.is_nan()), "the reference skips NaNs");
+        cases.push(Case {
+            schedule: default_schedule(&graph, &CpuTarget::host()),
+            graph,
+            inputs,
+            want,
+        });
+    }
+    check_compiled(&cases, "harl_nan_check");
 }
