@@ -6,9 +6,9 @@
 //! `acc[r][v] += x[r] * w[v]`, an epilogue's `out[v] = max(acc[v] + bias, 0)`. Left to LLVM,
 //! such loops were sometimes vectorised across the wrong dimension (pairs of unrolled rows with
 //! the filter broadcast, 4-wide): a stride-2 convolution with its filter axis vectorised ran at
-//! 20 GFLOP/s emitted as loops and at 230 emitted this way (2026-12-03). Any other loop keeps
-//! the scalar form and the compiler's vectoriser. The chunk that does not fill a vector runs
-//! the scalar body.
+//! 20 GFLOP/s emitted as loops and at 230 emitted this way (2 threads, 2026-12-03). Any other
+//! loop keeps the scalar form and the compiler's vectoriser. The chunk that does not fill a
+//! vector runs the scalar body.
 //!
 //! Each operation computes what the scalar code computes, bit for bit: a multiply-add is fused
 //! in both (the variants with SIMD have FMA), and min/max return the other operand when one is
