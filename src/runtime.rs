@@ -78,6 +78,37 @@ pub fn parallel_for(n: usize, body: impl Fn(usize) + Sync + Send) {
     }
 }
 
+/// Where a kernel keeps one intermediate buffer between calls, per calling thread.
+pub type ScratchSlot<T> = std::thread::LocalKey<std::cell::Cell<Vec<T>>>;
+
+/// Buffers larger than this many bytes are not kept between calls.
+const SCRATCH_KEEP_BYTES: usize = 256 << 20;
+
+/// The intermediate buffer in `slot`, ready for a call: `len` elements of `fill`, or, without a
+/// fill, empty with room for `len` (the kernel writes every element before reading it, through
+/// a pointer). A buffer allocated afresh on every call paid for its pages again each time
+/// (page faults, the kernel zeroing them); kept, it costs nothing after the first call.
+pub fn scratch_take<T: Copy + 'static>(
+    slot: &'static ScratchSlot<T>,
+    len: usize,
+    fill: Option<T>,
+) -> Vec<T> {
+    let mut v = slot.take();
+    v.clear();
+    match fill {
+        Some(x) => v.resize(len, x),
+        None => v.reserve(len),
+    }
+    v
+}
+
+/// Puts a buffer back into `slot` for the next call on this thread (unless it is huge).
+pub fn scratch_keep<T: 'static>(slot: &'static ScratchSlot<T>, v: Vec<T>) {
+    if v.capacity().saturating_mul(std::mem::size_of::<T>()) <= SCRATCH_KEEP_BYTES {
+        slot.set(v);
+    }
+}
+
 /// A raw pointer that generated kernels share across the threads of a parallel loop.
 ///
 /// Kernels write disjoint elements from different iterations of a parallel loop (lowering only

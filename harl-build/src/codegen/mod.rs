@@ -217,21 +217,16 @@ fn emit_variant_run(out: &mut String, p: &Program, meta: &KernelMeta) {
             if let Some(v) = fill {
                 let _ = writeln!(out, "    {}.fill({v});", meta.output);
             }
-        } else if let Some(init) = fill {
-            let _ = writeln!(
-                out,
-                "    let mut __harl_s{s} = ::std::vec![{init}; {}];",
-                st.size()
-            );
         } else {
-            // Written in full by its nest before anything reads it (the executor checks this
-            // by starting such buffers as NaN): no need to zero it first, which for a large
-            // intermediate cost as much as the pass that fills it.
+            // Kept per thread between calls (`harl::runtime::scratch_take`). Without a fill it
+            // is written in full by its nest before anything reads it (the executor checks
+            // this by starting such buffers as NaN): no need to zero it first.
+            let fill = fill.map_or("None".to_string(), |v| format!("Some({v})"));
             let _ = writeln!(
                 out,
-                "    let mut __harl_s{s} = ::std::vec::Vec::<{}>::with_capacity({});",
-                st.dtype.rust_name(),
-                st.size()
+                "    ::std::thread_local! {{ static __HARL_S{s}: ::core::cell::Cell<::std::vec::Vec<{ty}>> = const {{ ::core::cell::Cell::new(::std::vec::Vec::new()) }}; }}\n    let mut __harl_s{s} = ::harl::runtime::scratch_take(&__HARL_S{s}, {n}, {fill});",
+                ty = st.dtype.rust_name(),
+                n = st.size()
             );
         }
     }
@@ -275,6 +270,14 @@ fn emit_variant_run(out: &mut String, p: &Program, meta: &KernelMeta) {
                     "    // SAFETY: the buffers behind `__harl_b` have the lengths `super::run` checked.\n    unsafe {{ nest{n}(__harl_b, 0) }};"
                 );
             }
+        }
+    }
+    for s in 0..last {
+        if p.has_buffer[s] {
+            let _ = writeln!(
+                out,
+                "    ::harl::runtime::scratch_keep(&__HARL_S{s}, __harl_s{s});"
+            );
         }
     }
     out.push_str("}\n");
