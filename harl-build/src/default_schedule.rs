@@ -107,8 +107,9 @@ fn plan(graph: &Graph, target: &CpuTarget, keep: &[bool], options: Options) -> S
                 .and_then(|_| plan_tiles(graph, s, target)),
         };
         let tiled = plan.map(|plan| emit_tiled(&mut steps, graph, s, &plan));
-        let in_layout = layout.is_some() && tiled.is_some();
-        if let Some(l) = layout.filter(|_| tiled.is_some()) {
+        // A layout always has its tiles (`layout_tiles`).
+        let in_layout = layout.is_some();
+        if let Some(l) = layout {
             inserts.push((s, Insert::CacheRead(l)));
         }
         match tiled {
@@ -185,11 +186,7 @@ fn plan(graph: &Graph, target: &CpuTarget, keep: &[bool], options: Options) -> S
                     at: ns + 1,
                 });
             }
-            Insert::CacheRead(l) => {
-                let input = &graph.inputs[l.input].shape;
-                let shape: Vec<usize> = l.order.iter().map(|&o| input[o]).collect();
-                out.extend(copy_steps(p, &shape));
-            }
+            Insert::CacheRead(l) => out.extend(copy_steps(p, graph, l)),
         }
     }
     Schedule { steps: out }

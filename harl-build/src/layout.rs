@@ -113,30 +113,29 @@ pub fn layout_choice(graph: &Graph, s: usize, target: &CpuTarget) -> Option<Layo
     best.map(|(_, l)| l)
 }
 
-/// The steps of a `cache_read` copy at stage `copy` with axes `shape` (the input's axes with the
-/// moved one last): a blocked transpose. The last axis is split into blocks of a cache line
+/// The steps of the `cache_read` copy that `layout` makes, at stage `copy` (its axes are the
+/// input's with the moved one last): a blocked transpose. The last axis is split into blocks of a cache line
 /// (16 f32), the block loop goes outermost and runs in parallel, the other axes in between keep
 /// the input's order: each block then reads its rows of the input as a few contiguous streams
 /// and writes whole lines, where the plain nest read the input with the stride of a whole row
 /// for every element (a 256x256x3x3 filter copy took longer than its convolution).
-pub fn copy_steps(copy: usize, shape: &[usize]) -> Vec<Step> {
-    let mut steps = Vec::new();
-    let Some(&last) = shape.last() else {
-        return steps;
+pub fn copy_steps(copy: usize, graph: &Graph, layout: &Layout) -> Vec<Step> {
+    let Some(input) = graph.inputs.get(layout.input) else {
+        return Vec::new();
     };
+    let shape: Vec<usize> = layout.order.iter().map(|&o| input.shape[o]).collect();
     let rank = shape.len();
-    if rank < 2 {
-        return steps;
-    }
+    let (Some(&last), true) = (shape.last(), rank >= 2) else {
+        return Vec::new();
+    };
+    let mut steps = Vec::new();
     let block = largest_divisor_at_most(last, 16);
-    let mut loops = rank;
     if block > 1 && block < last {
         steps.push(Step::Split {
             stage: copy,
             at: rank - 1,
             factors: vec![block],
         });
-        loops += 1;
         // [a_0 .. a_{r-2}, outer, inner] -> [outer, a_0 .. a_{r-2}, inner]
         let order = std::iter::once(rank - 1)
             .chain(0..rank - 1)
@@ -144,7 +143,7 @@ pub fn copy_steps(copy: usize, shape: &[usize]) -> Vec<Step> {
             .collect();
         steps.push(Step::Reorder { stage: copy, order });
     }
-    if shape.iter().product::<usize>() >= 1 << 15 && loops > 1 {
+    if shape.iter().product::<usize>() >= 1 << 15 {
         steps.push(Step::Parallel { stage: copy, at: 0 });
     }
     steps

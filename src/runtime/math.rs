@@ -18,6 +18,8 @@
 //! Kernels call these in their AVX-512, AVX2 and aarch64 variants; on x86 without AVX2 the
 //! code runs scalar and libm is faster, so that variant keeps libm.
 
+use super::madd_f32 as madd;
+
 const LOG2_E: f32 = std::f32::consts::LOG2_E;
 /// ln 2 split in two: `LN2_HI` has trailing zero bits, so `n * LN2_HI` is exact for the `n`
 /// that occur (|n| < 2^8).
@@ -30,12 +32,6 @@ const ROUND: f32 = 12_582_912.0;
 #[inline(always)]
 fn pow2i(k: i32) -> f32 {
     f32::from_bits(((k + 127) as u32) << 23)
-}
-
-/// `a * b + c`, fused in the variants with FMA.
-#[inline(always)]
-fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
-    super::madd_f32::<FMA>(a, b, c)
 }
 
 /// `e^x` (at most 2 ulp). `FMA`: the polynomial and the range reduction as fused

@@ -604,10 +604,7 @@ impl Cx<'_> {
     fn load(&mut self, t: TensorRef, idx: &[Expr]) -> (String, Ty) {
         let shape = self.p.graph.shape(t).to_vec();
         let dtype = self.p.graph.dtype(t);
-        let base = match t {
-            TensorRef::Input(i) => format!("b.i{i}.0"),
-            TensorRef::Stage(s) => format!("b.s{s}.0"),
-        };
+        let base = base_ptr(t);
         let provable = in_bounds(idx, &shape, &self.p.var_extents);
         if provable {
             let flat = self.flat(t, idx);
@@ -640,6 +637,14 @@ impl Cx<'_> {
             ),
             Ty::Val(dtype),
         )
+    }
+}
+
+/// The raw pointer of tensor `t` in a nest's `Bufs`.
+fn base_ptr(t: TensorRef) -> String {
+    match t {
+        TensorRef::Input(i) => format!("b.i{i}.0"),
+        TensorRef::Stage(s) => format!("b.s{s}.0"),
     }
 }
 

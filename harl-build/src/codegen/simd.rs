@@ -246,14 +246,12 @@ impl Cx<'_> {
     /// The address of `t[index]` at the chunk's first lane, when `t` holds `f32`, the access
     /// is provably in bounds and contiguous along `v{var}`.
     fn vector_ptr(&mut self, t: TensorRef, index: &[Expr], var: usize) -> Option<String> {
-        (self.flat_coefficient(t, index, var)? == 1).then(|| {
-            let base = match t {
-                TensorRef::Input(i) => format!("b.i{i}.0"),
-                TensorRef::Stage(s) => format!("b.s{s}.0"),
-            };
-            let flat = self.flat(t, index);
-            format!("{base}.add({flat})")
-        })
+        (self.flat_coefficient(t, index, var)? == 1).then(|| self.address(t, index))
+    }
+
+    /// The address of `t[index]`.
+    fn address(&mut self, t: TensorRef, index: &[Expr]) -> String {
+        format!("{}.add({})", super::base_ptr(t), self.flat(t, index))
     }
 
     /// The coefficient of `v{var}` in the flat offset of an in-bounds `f32` access.
@@ -282,7 +280,7 @@ impl Cx<'_> {
         match e {
             Expr::Load(t, idx) => match self.flat_coefficient(*t, idx, var)? {
                 1 => {
-                    let ptr = self.vector_ptr(*t, idx, var)?;
+                    let ptr = self.address(*t, idx);
                     Some(w.load(&ptr))
                 }
                 0 => {

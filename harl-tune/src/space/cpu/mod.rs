@@ -965,9 +965,7 @@ impl Sketch {
                     let n_axes = stage.axis_extents().len();
                     let ns = stage.n_spatial();
                     if let Some(l) = layout {
-                        let input = &self.graph.inputs[l.input].shape;
-                        let shape: Vec<usize> = l.order.iter().map(|&o| input[o]).collect();
-                        steps.extend(copy_steps(new_index(s) - 1, &shape));
+                        steps.extend(copy_steps(new_index(s) - 1, &self.graph, l));
                     }
                     let tiled = TiledStage {
                         stage: new_index(s),
