@@ -312,7 +312,9 @@ impl Kind {
         v
     }
 
-    /// harl's graph of the kernel, inputs in the order `peers.py` writes them.
+    /// harl's graph of the kernel, inputs in the order `peers.py` writes them; what it makes
+    /// initializers (onnxruntime prepacks those once per session) are harl's weights, prepared
+    /// once too.
     fn graph(&self) -> Result<Graph, Error> {
         const F: DType = DType::F32;
         let mut g = GraphBuilder::new();
@@ -326,8 +328,8 @@ impl Kind {
                 act,
             } => {
                 let x = g.input("x", &[m, k], F);
-                let w = g.input("w", &[k, n], F);
-                let b = bias.then(|| g.input("bias", &[n], F));
+                let w = g.weight("w", &[k, n], F);
+                let b = bias.then(|| g.weight("bias", &[n], F));
                 let r = residual.then(|| g.input("residual", &[m, n], F));
                 // Without a residual add, GELU and ReLU fuse into the dense op's epilogue.
                 let fused = match (act, r) {
@@ -354,8 +356,8 @@ impl Kind {
             }
             Kind::LayerNorm { rows, cols } => {
                 let x = g.input("x", &[rows, cols], F);
-                let gamma = g.input("gamma", &[cols], F);
-                let beta = g.input("beta", &[cols], F);
+                let gamma = g.weight("gamma", &[cols], F);
+                let beta = g.weight("beta", &[cols], F);
                 ops::layer_norm(&mut g, x, gamma, beta, 1e-5)?;
             }
             Kind::Conv {
@@ -369,8 +371,8 @@ impl Kind {
                 act,
             } => {
                 let x = g.input("x", &[1, c, hw, hw], F);
-                let w = g.input("w", &[f, c / groups, kernel, kernel], F);
-                let bias = g.input("bias", &[f, 1, 1], F);
+                let w = g.weight("w", &[f, c / groups, kernel, kernel], F);
+                let bias = g.weight("bias", &[f, 1, 1], F);
                 let out = (hw + 2 * Kind::pad(kernel) - kernel) / stride + 1;
                 let r = residual.then(|| g.input("residual", &[1, f, out, out], F));
                 let p = Conv2dParams {

@@ -26,8 +26,8 @@ pub struct Layout {
     pub order: Vec<usize>,
 }
 
-/// Each copied element must feed at least this many multiply-adds: below it the copy, made on
-/// every call, costs more than the better vector saves.
+/// Each copied element of an activation must feed at least this many multiply-adds: below it
+/// the copy, made on every call, costs more than the better vector saves.
 const MIN_REUSE: usize = 16;
 
 /// The layout of stage `s`, if it wants one. The stage's last spatial axis must be a poor
@@ -93,10 +93,12 @@ pub fn layout_choice(graph: &Graph, s: usize, target: &CpuTarget) -> Option<Layo
             if best.as_ref().is_some_and(|(e, _)| *e >= extent) || !better {
                 continue;
             }
-            // The copy is made on every call: it must pay for itself.
-            let copied: usize = graph.inputs.get(input)?.shape.iter().product();
+            // The copy of an activation is made on every call: it must pay for itself. A
+            // weight's is made once, by `prepare` (`harl_build::prepare`).
+            let source = graph.inputs.get(input)?;
+            let copied: usize = source.shape.iter().product();
             let work = stage.size().checked_mul(reduce)?;
-            if copied.checked_mul(MIN_REUSE)? > work {
+            if !source.constant && copied.checked_mul(MIN_REUSE)? > work {
                 continue;
             }
             let order = (0..idx.len()).filter(|&d| d != dim).chain([dim]).collect();

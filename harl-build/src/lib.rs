@@ -18,6 +18,7 @@ pub mod manifest;
 #[cfg(feature = "cuda")]
 pub mod nvrtc;
 pub mod partition;
+pub mod prepare;
 pub mod rng;
 pub mod scan;
 pub mod schedule;

@@ -33,6 +33,13 @@ fn cases() -> Vec<Case> {
         w::dense_bias_relu(5, 8, 32).expect("dense"),
         f64_math(),
         i32_arith(),
+        // Weights: `prepare` hoists what depends on them alone (the strided convolution's
+        // filter layout in the default schedule, cache_reads of them in random schedules).
+        weights(
+            w::conv2d(1, 8, 9, 9, 16, 3, 3, 2, 1, 1, 1).expect("strided conv"),
+            &[1],
+        ),
+        weights(w::dense_bias_relu(5, 8, 32).expect("dense"), &[1, 2]),
     ];
     let mut out = Vec::new();
     for (gi, g) in graphs.iter().enumerate() {
@@ -63,6 +70,14 @@ fn cases() -> Vec<Case> {
     // Six schedules a graph, plus GPU ones for most.
     assert!(out.len() > 6 * graphs.len() + 4, "{} cases", out.len());
     out
+}
+
+/// `g` with inputs `which` marked as weights.
+fn weights(mut g: Graph, which: &[usize]) -> Graph {
+    for &i in which {
+        g.inputs[i].constant = true;
+    }
+    g
 }
 
 fn workspace_root() -> PathBuf {
@@ -136,6 +151,21 @@ fn write_crate(dir: &Path, cases: &[Case], package: &str) {
             c.want.len(),
             args.join(", ")
         );
+        if c.graph.inputs.iter().any(|p| p.constant) {
+            // The prepared kernel, called twice, computes what `run` does, bit for bit.
+            let pick = |constant: bool| -> Vec<String> {
+                (0..c.inputs.len())
+                    .filter(|&j| c.graph.inputs[j].constant == constant)
+                    .map(|j| format!("&x{i}_{j}"))
+                    .collect()
+            };
+            let (weights, others) = (pick(true).join(", "), pick(false).join(", "));
+            let _ = writeln!(
+                main,
+                "    let p{i} = k{i}::prepare({weights}).expect(\"lengths\");\n    for _ in 0..2 {{\n        let mut q = vec![0 as {ty}; {n}];\n        p{i}.run({others}, &mut q).expect(\"lengths\");\n        assert_eq!(format!(\"{{:?}}\", q), format!(\"{{:?}}\", o{i}), \"case {i}: the prepared kernel differs from run\");\n    }}",
+                n = c.want.len(),
+            );
+        }
     }
     main.push_str("}\n");
     std::fs::write(dir.join("src/main.rs"), main).expect("write main");

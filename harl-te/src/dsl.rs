@@ -9,6 +9,9 @@
 //!     compute([M, N], |i, j| max(mm[[i, j]] + bias[j], 0.0))
 //! }
 //! ```
+//! A parameter typed `Weight<f32, ..>` instead of `Tensor<f32, ..>` is a weight: its values stay
+//! the same over many calls, so the generated `prepare` may do the work that depends on weights
+//! alone once (see [`crate::graph::Placeholder::constant`]).
 //! The body is `let` bindings and a final tensor expression. Tensor expressions are names,
 //! `compute(shape, |axes| scalar)`, op-library calls with builder-style options
 //! (`conv2d(x, w).stride(2).pad(1)`, `matmul(a, b).transpose_b()`), elementwise functions
@@ -44,6 +47,9 @@ pub struct Param {
     pub shape: Vec<usize>,
     /// Element type.
     pub dtype: DType,
+    /// Declared `Weight<..>`: values that stay the same over many calls
+    /// ([`crate::graph::Placeholder::constant`]).
+    pub constant: bool,
 }
 
 /// A parsed kernel declaration.
@@ -182,6 +188,7 @@ pub fn parse_kernel(attr_args: TokenStream, item: &syn::ItemFn) -> Result<Kernel
             ));
         };
         let name = name_of(&id.ident);
+        let constant = is_weight_type(&pt.ty);
         let (dtype, shape) = cx.tensor_type(&pt.ty)?;
         if cx.tensors.contains_key(&name) {
             return Err(Error::new_spanned(
@@ -189,9 +196,18 @@ pub fn parse_kernel(attr_args: TokenStream, item: &syn::ItemFn) -> Result<Kernel
                 format!("parameter `{name}` is declared twice"),
             ));
         }
-        let t = cx.b.input(&name, &shape, dtype);
+        let t = if constant {
+            cx.b.weight(&name, &shape, dtype)
+        } else {
+            cx.b.input(&name, &shape, dtype)
+        };
         cx.tensors.insert(name.clone(), t);
-        params.push(Param { name, shape, dtype });
+        params.push(Param {
+            name,
+            shape,
+            dtype,
+            constant,
+        });
     }
     let syn::ReturnType::Type(_, ret_ty) = &sig.output else {
         return Err(Error::new_spanned(
@@ -199,6 +215,12 @@ pub fn parse_kernel(attr_args: TokenStream, item: &syn::ItemFn) -> Result<Kernel
             "a harl kernel returns its output tensor: add `-> Tensor<f32, ...>`",
         ));
     };
+    if is_weight_type(ret_ty) {
+        return Err(Error::new_spanned(
+            ret_ty,
+            "a kernel's output is a `Tensor<..>`; `Weight<..>` marks inputs only",
+        ));
+    }
     let (out_dtype, out_shape) = cx.tensor_type(ret_ty)?;
     let name = name_of(&sig.ident);
     let mut tail = None;
@@ -347,14 +369,24 @@ impl Drop for Level<'_> {
 #[derive(Default)]
 struct Options(Vec<(String, Vec<syn::Expr>, Span)>);
 
+/// Whether a parameter's type is `Weight<..>`.
+fn is_weight_type(ty: &syn::Type) -> bool {
+    matches!(ty, syn::Type::Path(tp) if tp.path.segments.last().is_some_and(|s| s.ident == "Weight"))
+}
+
 impl Cx {
-    /// `Tensor<f32, M, 64>` -> (f32, [M, 64]).
+    /// `Tensor<f32, M, 64>` (or `Weight<f32, M, 64>`) -> (f32, [M, 64]).
     fn tensor_type(&self, ty: &syn::Type) -> Result<(DType, Vec<usize>)> {
-        let help = "expected `Tensor<dtype, dims...>`, e.g. `Tensor<f32, 64, N>`";
+        let help = "expected `Tensor<dtype, dims...>` (or `Weight<dtype, dims...>` for an input whose values stay the same over many calls), e.g. `Tensor<f32, 64, N>`";
         let syn::Type::Path(tp) = ty else {
             return Err(Error::new_spanned(ty, help));
         };
-        let Some(seg) = tp.path.segments.last().filter(|s| s.ident == "Tensor") else {
+        let Some(seg) = tp
+            .path
+            .segments
+            .last()
+            .filter(|s| s.ident == "Tensor" || s.ident == "Weight")
+        else {
             return Err(Error::new_spanned(ty, help));
         };
         let syn::PathArguments::AngleBracketed(args) = &seg.arguments else {

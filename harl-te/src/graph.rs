@@ -16,6 +16,11 @@ pub struct Placeholder {
     pub shape: Vec<usize>,
     /// Element type.
     pub dtype: DType,
+    /// A weight: its values stay the same over many calls (a model's parameters), so work that
+    /// depends on it alone (a filter copied into a vector-friendly layout) may be done once, in
+    /// the generated `prepare`, instead of on every call.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub constant: bool,
 }
 
 /// How a reduction stage combines values.
@@ -374,6 +379,14 @@ impl Graph {
                 }
             }
             h.expr(&s.body);
+        }
+        // Weights change what the generated code may hoist, so they are part of the workload;
+        // a graph without any keeps the key it had before weights existed.
+        if self.inputs.iter().any(|p| p.constant) {
+            h.bytes(b"constant");
+            for p in &self.inputs {
+                h.u8(u8::from(p.constant));
+            }
         }
         h.finish()
     }
@@ -800,10 +813,25 @@ impl GraphBuilder {
     }
     /// Adds a placeholder.
     pub fn input(&mut self, name: &str, shape: &[usize], dtype: DType) -> TensorRef {
+        self.placeholder(name, shape, dtype, false)
+    }
+    /// Adds a weight: a placeholder whose values stay the same over many calls
+    /// ([`Placeholder::constant`]).
+    pub fn weight(&mut self, name: &str, shape: &[usize], dtype: DType) -> TensorRef {
+        self.placeholder(name, shape, dtype, true)
+    }
+    fn placeholder(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+        dtype: DType,
+        constant: bool,
+    ) -> TensorRef {
         self.graph.inputs.push(Placeholder {
             name: name.to_string(),
             shape: shape.to_vec(),
             dtype,
+            constant,
         });
         TensorRef::Input(self.graph.inputs.len() - 1)
     }

@@ -10,6 +10,7 @@
 
 use crate::loop_ir::in_bounds;
 use crate::loop_ir::{LoopKind, Nest, Program, Stmt};
+use crate::prepare::Split;
 pub use crate::target::Variant;
 use harl_te::{BinaryOp, DType, Expr, Graph, ReduceOp, TensorRef, UnaryOp};
 use std::fmt::Write;
@@ -104,14 +105,28 @@ pub fn emit_module(graph: &Graph, variants: &[VariantProgram], meta: &KernelMeta
 }
 
 fn signature(graph: &Graph, meta: &KernelMeta) -> String {
+    signature_of(graph, meta, |_| true, true)
+}
+
+/// The parameters of the inputs `take` selects, and the output's if `output`.
+fn signature_of(
+    graph: &Graph,
+    meta: &KernelMeta,
+    take: impl Fn(usize) -> bool,
+    output: bool,
+) -> String {
     let mut params: Vec<String> = meta
         .params
         .iter()
         .zip(&graph.inputs)
-        .map(|(name, ph)| format!("{name}: &[{}]", ph.dtype.rust_name()))
+        .enumerate()
+        .filter(|(i, _)| take(*i))
+        .map(|(_, (name, ph))| format!("{name}: &[{}]", ph.dtype.rust_name()))
         .collect();
-    let out_ty = graph.stages.last().map_or("f32", |s| s.dtype.rust_name());
-    params.push(format!("{}: &mut [{out_ty}]", meta.output));
+    if output {
+        let out_ty = graph.stages.last().map_or("f32", |s| s.dtype.rust_name());
+        params.push(format!("{}: &mut [{out_ty}]", meta.output));
+    }
     params.join(", ")
 }
 
@@ -192,15 +207,130 @@ fn emit_nest(
     );
 }
 
-/// The variant's `run`: allocates intermediates and runs the nests. Unsafe: the caller checked
-/// the slice lengths and that the CPU supports the variant.
+/// An entry point of a variant: which nests it runs and where its buffers come from.
+#[derive(Clone, Copy)]
+enum Entry<'a> {
+    /// `run`: every nest, every buffer from the call.
+    Full,
+    /// `prepare`: the nests of weights alone; returns `Prepared`.
+    Prepare(&'a Split),
+    /// `run_prepared`: the other nests, with what `prepare` kept.
+    Prepared(&'a Split),
+}
+
+/// Where an entry point's buffer of a stage lives.
+enum Slot {
+    /// The caller's output slice.
+    Output,
+    /// A per-thread scratch buffer (`harl::runtime::scratch_take`).
+    Scratch,
+    /// A buffer `prepare` allocates and fills.
+    Owned,
+    /// A buffer kept in `Prepared`.
+    Kept,
+    /// Not touched by this entry point's nests.
+    Unused,
+}
+
+impl Entry<'_> {
+    fn runs(self, nest: usize) -> bool {
+        match self {
+            Entry::Full => true,
+            Entry::Prepare(split) => split.hoisted[nest],
+            Entry::Prepared(split) => !split.hoisted[nest],
+        }
+    }
+
+    /// Whether the entry point takes input `i` as a parameter.
+    fn takes(self, g: &Graph, i: usize) -> bool {
+        match self {
+            Entry::Full => true,
+            Entry::Prepare(_) => g.inputs[i].constant,
+            Entry::Prepared(_) => !g.inputs[i].constant,
+        }
+    }
+
+    fn stage_slot(self, s: usize, last: usize) -> Slot {
+        match self {
+            Entry::Full if s == last => Slot::Output,
+            Entry::Full => Slot::Scratch,
+            Entry::Prepare(split) if split.hoisted_stages.contains(&s) => Slot::Owned,
+            Entry::Prepare(_) => Slot::Unused,
+            Entry::Prepared(split) if split.kept_stages.contains(&s) => Slot::Kept,
+            Entry::Prepared(split) if split.hoisted_stages.contains(&s) => Slot::Unused,
+            Entry::Prepared(_) if s == last => Slot::Output,
+            Entry::Prepared(_) => Slot::Scratch,
+        }
+    }
+
+    /// The pointer expression of input `i`.
+    fn input_ptr(self, g: &Graph, i: usize, name: &str) -> String {
+        let ty = g.inputs[i].dtype.rust_name();
+        let kept = matches!(self, Entry::Prepared(split) if split.kept_inputs.contains(&i));
+        if kept {
+            format!("__harl_p.w{i}.as_ptr() as *mut {ty}")
+        } else if self.takes(g, i) {
+            format!("{name}.as_ptr() as *mut {ty}")
+        } else {
+            "::core::ptr::null_mut()".into()
+        }
+    }
+}
+
+/// The variant's entry points: `run` and, for a graph with weights, `prepare` and
+/// `run_prepared` (with the `Prepared` they share). Unsafe: the caller checked the slice lengths
+/// and that the CPU supports the variant.
 fn emit_variant_run(out: &mut String, p: &Program, meta: &KernelMeta) {
+    emit_entry(out, p, meta, Entry::Full);
+    if !p.graph.inputs.iter().any(|i| i.constant) {
+        return;
+    }
+    let split = Split::of(p);
+    let g = &p.graph;
+    out.push_str(
+        "/// What `prepare` computed from the weights, and the weights the other nests read.
+pub(super) struct Prepared {
+",
+    );
+    for &s in &split.kept_stages {
+        let _ = writeln!(
+            out,
+            "    k{s}: ::std::vec::Vec<{}>,",
+            g.stages[s].dtype.rust_name()
+        );
+    }
+    for &i in &split.kept_inputs {
+        let _ = writeln!(
+            out,
+            "    w{i}: ::std::vec::Vec<{}>,",
+            g.inputs[i].dtype.rust_name()
+        );
+    }
+    out.push_str(
+        "}
+",
+    );
+    emit_entry(out, p, meta, Entry::Prepare(&split));
+    emit_entry(out, p, meta, Entry::Prepared(&split));
+}
+
+fn emit_entry(out: &mut String, p: &Program, meta: &KernelMeta, entry: Entry<'_>) {
     let g = &p.graph;
     let last = g.stages.len() - 1;
+    let header = match entry {
+        Entry::Full => format!("run({})", signature(g, meta)),
+        Entry::Prepare(_) => format!(
+            "prepare({}) -> Prepared",
+            signature_of(g, meta, |i| entry.takes(g, i), false)
+        ),
+        Entry::Prepared(_) => format!(
+            "run_prepared(__harl_p: &Prepared, {})",
+            signature_of(g, meta, |i| entry.takes(g, i), true)
+        ),
+    };
     let _ = writeln!(
         out,
-        "#[allow(clippy::too_many_arguments)]\npub(super) unsafe fn run({}) {{",
-        signature(g, meta)
+        "#[allow(clippy::too_many_arguments)]\npub(super) unsafe fn {header} {{"
     );
     // Buffers are filled before any nest runs: each is written only by its own nest.
     for (s, st) in g.stages.iter().enumerate() {
@@ -213,46 +343,61 @@ fn emit_variant_run(out: &mut String, p: &Program, meta: &KernelMeta) {
             .find(|n| n.stage == s)
             .and_then(|n| n.fill)
             .map(|v| const_lit(v, st.dtype));
-        if s == last {
-            if let Some(v) = fill {
-                let _ = writeln!(out, "    {}.fill({v});", meta.output);
+        let ty = st.dtype.rust_name();
+        match entry.stage_slot(s, last) {
+            Slot::Output => {
+                if let Some(v) = fill {
+                    let _ = writeln!(out, "    {}.fill({v});", meta.output);
+                }
             }
-        } else {
-            // Kept per thread between calls (`harl::runtime::scratch_take`). Without a fill it
-            // is written in full by its nest before anything reads it (the executor checks
-            // this by starting such buffers as NaN): no need to zero it first.
-            let fill = fill.map_or("None".to_string(), |v| format!("Some({v})"));
-            let _ = writeln!(
-                out,
-                "    ::std::thread_local! {{ static __HARL_S{s}: ::core::cell::Cell<::std::vec::Vec<{ty}>> = const {{ ::core::cell::Cell::new(::std::vec::Vec::new()) }}; }}\n    let mut __harl_s{s} = ::harl::runtime::scratch_take(&__HARL_S{s}, {n}, {fill});",
-                ty = st.dtype.rust_name(),
-                n = st.size()
-            );
+            Slot::Scratch => {
+                // Kept per thread between calls (`harl::runtime::scratch_take`). Without a
+                // fill it is written in full by its nest before anything reads it (the executor
+                // checks this by starting such buffers as NaN): no need to zero it first.
+                let fill = fill.map_or("None".to_string(), |v| format!("Some({v})"));
+                let _ = writeln!(
+                    out,
+                    "    ::std::thread_local! {{ static __HARL_S{s}: ::core::cell::Cell<::std::vec::Vec<{ty}>> = const {{ ::core::cell::Cell::new(::std::vec::Vec::new()) }}; }}\n    let mut __harl_s{s} = ::harl::runtime::scratch_take(&__HARL_S{s}, {n}, {fill});",
+                    n = st.size()
+                );
+            }
+            Slot::Owned => {
+                // Made once per set of weights: zeroing it costs nothing that matters.
+                let v = fill.unwrap_or_else(|| const_lit(0.0, st.dtype));
+                let _ = writeln!(
+                    out,
+                    "    let mut __harl_s{s}: ::std::vec::Vec<{ty}> = ::std::vec![{v}; {n}];",
+                    n = st.size()
+                );
+            }
+            Slot::Kept | Slot::Unused => {}
         }
     }
     out.push_str("    let __harl_b = Bufs {\n");
     for (i, name) in meta.params.iter().enumerate() {
-        let ty = g.inputs[i].dtype.rust_name();
         let _ = writeln!(
             out,
-            "        i{i}: ::harl::runtime::SyncPtr({name}.as_ptr() as *mut {ty}),"
+            "        i{i}: ::harl::runtime::SyncPtr({}),",
+            entry.input_ptr(g, i, name)
         );
     }
-    for s in 0..g.stages.len() {
-        if p.has_buffer[s] {
-            let buf = if s == last {
-                meta.output.clone()
-            } else {
-                format!("__harl_s{s}")
-            };
-            let _ = writeln!(
-                out,
-                "        s{s}: ::harl::runtime::SyncPtr({buf}.as_mut_ptr()),"
-            );
+    for (s, st) in g.stages.iter().enumerate() {
+        if !p.has_buffer[s] {
+            continue;
         }
+        let ptr = match entry.stage_slot(s, last) {
+            Slot::Output => format!("{}.as_mut_ptr()", meta.output),
+            Slot::Scratch | Slot::Owned => format!("__harl_s{s}.as_mut_ptr()"),
+            Slot::Kept => format!("__harl_p.k{s}.as_ptr() as *mut {}", st.dtype.rust_name()),
+            Slot::Unused => "::core::ptr::null_mut()".into(),
+        };
+        let _ = writeln!(out, "        s{s}: ::harl::runtime::SyncPtr({ptr}),");
     }
     out.push_str("    };\n");
     for (n, nest) in p.nests.iter().enumerate() {
+        if !entry.runs(n) {
+            continue;
+        }
         match nest.body.as_slice() {
             [Stmt::For {
                 extent,
@@ -272,13 +417,23 @@ fn emit_variant_run(out: &mut String, p: &Program, meta: &KernelMeta) {
             }
         }
     }
-    for s in 0..last {
-        if p.has_buffer[s] {
+    for s in 0..g.stages.len() {
+        if p.has_buffer[s] && matches!(entry.stage_slot(s, last), Slot::Scratch) {
             let _ = writeln!(
                 out,
                 "    ::harl::runtime::scratch_keep(&__HARL_S{s}, __harl_s{s});"
             );
         }
+    }
+    if let Entry::Prepare(split) = entry {
+        out.push_str("    Prepared {\n");
+        for &s in &split.kept_stages {
+            let _ = writeln!(out, "        k{s}: __harl_s{s},");
+        }
+        for &i in &split.kept_inputs {
+            let _ = writeln!(out, "        w{i}: {}.to_vec(),", meta.params[i]);
+        }
+        out.push_str("    }\n");
     }
     out.push_str("}\n");
 }
@@ -290,21 +445,7 @@ fn emit_run(out: &mut String, g: &Graph, variants: &[VariantProgram], meta: &Ker
         "/// Runs the kernel; checks every slice length first.\n#[allow(clippy::too_many_arguments)]\npub fn run({}) -> ::core::result::Result<(), ::harl::KernelError> {{",
         signature(g, meta)
     );
-    let mut check = |arg: &str, shape: &[usize]| {
-        let want: usize = shape.iter().product();
-        let _ = writeln!(
-            out,
-            "    if {arg}.len() != {want} {{ return Err(::harl::KernelError::Length {{ kernel: {:?}, arg: {arg:?}, got: {arg}.len(), want: {want}, shape: {:?} }}); }}",
-            meta.name,
-            format!("{shape:?}")
-        );
-    };
-    for (name, ph) in meta.params.iter().zip(&g.inputs) {
-        check(name, &ph.shape);
-    }
-    if let Some(last) = g.stages.last() {
-        check(&meta.output, &last.shape);
-    }
+    emit_length_checks(out, g, meta, |_| true, true);
     let mut args: Vec<&str> = meta.params.iter().map(String::as_str).collect();
     args.push(&meta.output);
     let args = args.join(", ");
@@ -318,16 +459,115 @@ fn emit_run(out: &mut String, g: &Graph, variants: &[VariantProgram], meta: &Ker
             v.variant.name()
         );
     }
+    emit_unsupported_arm(out, variants, meta);
+    out.push_str("    }\n    Ok(())\n}\n");
+    if g.inputs.iter().any(|i| i.constant) {
+        emit_prepared_api(out, g, variants, meta);
+    }
+}
+
+/// A module with only some variants (the measurer builds the host's alone) reports a CPU it has
+/// no code for instead of failing to compile.
+fn emit_unsupported_arm(out: &mut String, variants: &[VariantProgram], meta: &KernelMeta) {
     if !variants.iter().any(|v| v.variant == Variant::Base) {
-        // A module with only some variants (the measurer builds the host's alone) reports a CPU
-        // it has no code for instead of failing to compile.
         let _ = writeln!(
             out,
             "        #[allow(unreachable_patterns)]\n        _ => return Err(::harl::KernelError::UnsupportedCpu {{ kernel: {:?} }}),",
             meta.name
         );
     }
-    out.push_str("    }\n    Ok(())\n}\n");
+}
+
+/// `if x.len() != N { return Err(..) }` for the inputs `take` selects and, if `output`, the
+/// output.
+fn emit_length_checks(
+    out: &mut String,
+    g: &Graph,
+    meta: &KernelMeta,
+    take: impl Fn(usize) -> bool,
+    output: bool,
+) {
+    let mut check = |arg: &str, shape: &[usize]| {
+        let want: usize = shape.iter().product();
+        let _ = writeln!(
+            out,
+            "    if {arg}.len() != {want} {{ return Err(::harl::KernelError::Length {{ kernel: {:?}, arg: {arg:?}, got: {arg}.len(), want: {want}, shape: {:?} }}); }}",
+            meta.name,
+            format!("{shape:?}")
+        );
+    };
+    for (i, (name, ph)) in meta.params.iter().zip(&g.inputs).enumerate() {
+        if take(i) {
+            check(name, &ph.shape);
+        }
+    }
+    if let (true, Some(last)) = (output, g.stages.last()) {
+        check(&meta.output, &last.shape);
+    }
+}
+
+/// `prepare(weights..) -> Prepared` and `Prepared::run(other inputs.., out)`: the work on
+/// weights alone done once ([`crate::prepare`]). `Prepared` remembers the variant it was made
+/// for, so `run` needs no second dispatch.
+fn emit_prepared_api(out: &mut String, g: &Graph, variants: &[VariantProgram], meta: &KernelMeta) {
+    let is_weight = |i: usize| g.inputs[i].constant;
+    let weights: Vec<&str> = (0..g.inputs.len())
+        .filter(|&i| is_weight(i))
+        .map(|i| meta.params[i].as_str())
+        .collect();
+    let mut others: Vec<&str> = (0..g.inputs.len())
+        .filter(|&i| !is_weight(i))
+        .map(|i| meta.params[i].as_str())
+        .collect();
+    others.push(&meta.output);
+    out.push_str("/// The kernel with its weights prepared once ([`prepare`]): the work that depends on the\n/// weights alone (a filter copied into its vector layout, say) is done; [`Prepared::run`] does\n/// the rest on every call.\npub struct Prepared(PreparedVariant);\n");
+    out.push_str("enum PreparedVariant {\n");
+    for v in variants {
+        let _ = writeln!(
+            out,
+            "    {}\n    V{}({}::Prepared),",
+            v.variant.cfg(),
+            v.variant.name(),
+            v.variant.name()
+        );
+    }
+    out.push_str("}\n");
+    let _ = writeln!(
+        out,
+        "/// Prepares the weights for [`Prepared::run`] (copies what it needs: the slices may be dropped).\n#[allow(clippy::too_many_arguments)]\npub fn prepare({}) -> ::core::result::Result<Prepared, ::harl::KernelError> {{",
+        signature_of(g, meta, is_weight, false)
+    );
+    emit_length_checks(out, g, meta, is_weight, false);
+    let args = weights.join(", ");
+    out.push_str("    Ok(Prepared(match ::harl::runtime::Isa::detect() {\n");
+    for v in variants {
+        let name = v.variant.name();
+        let _ = writeln!(
+            out,
+            "        {}\n        // SAFETY: lengths checked above; the variant matches the detected CPU.\n        {} => PreparedVariant::V{name}(unsafe {{ {name}::prepare({args}) }}),",
+            v.variant.cfg(),
+            v.variant.isa(),
+        );
+    }
+    emit_unsupported_arm(out, variants, meta);
+    out.push_str("    }))\n}\n");
+    let _ = writeln!(
+        out,
+        "impl Prepared {{\n    /// Runs the kernel on the prepared weights; checks every slice length first.\n    #[allow(clippy::too_many_arguments)]\n    pub fn run(&self, {}) -> ::core::result::Result<(), ::harl::KernelError> {{",
+        signature_of(g, meta, |i| !is_weight(i), true)
+    );
+    emit_length_checks(out, g, meta, |i| !is_weight(i), true);
+    let args = others.join(", ");
+    out.push_str("    match &self.0 {\n");
+    for v in variants {
+        let name = v.variant.name();
+        let _ = writeln!(
+            out,
+            "        {}\n        // SAFETY: lengths checked above; `prepare` chose the variant for this CPU.\n        PreparedVariant::V{name}(p) => unsafe {{ {name}::run_prepared(p, {args}) }},",
+            v.variant.cfg(),
+        );
+    }
+    out.push_str("    }\n    Ok(())\n    }\n}\n");
 }
 
 /// The value class of an emitted expression.
