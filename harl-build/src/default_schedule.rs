@@ -164,6 +164,7 @@ fn plan(graph: &Graph, target: &CpuTarget, keep: &[bool], options: Options) -> S
                 stage: r + k,
                 input: l.input,
                 order: l.order.clone(),
+                panel: l.panel,
             },
         })
         .collect();
@@ -208,7 +209,8 @@ fn layout_tiles(graph: &Graph, s: usize, target: &CpuTarget, l: &Layout) -> Tile
     let last = stage.n_spatial() - 1;
     let lanes = (target.vector_bytes / elem_bytes(stage.dtype)).max(1);
     let vext = stage.shape[l.vec_axis];
-    let nr = largest_divisor_at_most(vext, 2 * lanes);
+    // The layout's panels, if any, have this width.
+    let nr = crate::layout::vector_tile(vext, lanes);
     let max_rows = (target.acc_registers / nr.div_ceil(lanes)).clamp(1, 8);
     let mr = largest_divisor_at_most(stage.shape[last], max_rows);
     let red = stage.reduce.as_ref().map_or(1, |r| r.extents[0]);

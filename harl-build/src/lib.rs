@@ -23,6 +23,7 @@ pub mod rng;
 pub mod scan;
 pub mod schedule;
 pub mod shared_read;
+pub mod simplify;
 pub mod target;
 pub mod tuner_tool;
 

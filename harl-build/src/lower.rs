@@ -12,7 +12,7 @@ use crate::limits::{
 use crate::loop_ir::{LoopKind, Nest, Program, SharedBox, Stmt};
 use crate::schedule::{Schedule, Step};
 use crate::shared_read::{bound_vars, footprint, MAX_SHARED_BYTES};
-use harl_te::{Expr, Graph, ReduceOp, TensorRef};
+use harl_te::{BinaryOp, Expr, Graph, ReduceOp, TensorRef};
 use std::collections::{HashMap, HashSet};
 
 /// Largest accumulator block (elements) a cache-write step may ask for; keeps it on the stack.
@@ -356,7 +356,8 @@ impl Lowering {
                 stage,
                 input,
                 order,
-            } => self.cache_read(*stage, *input, order),
+                panel,
+            } => self.cache_read(*stage, *input, order, *panel),
             Step::ComputeAt { stage, target, at } => {
                 self.check_loop(*target, *at)?;
                 let c = *stage;
@@ -677,7 +678,13 @@ impl Lowering {
         Ok(())
     }
 
-    fn cache_read(&mut self, s: usize, input: usize, order: &[usize]) -> Result<(), String> {
+    fn cache_read(
+        &mut self,
+        s: usize,
+        input: usize,
+        order: &[usize],
+        panel: Option<usize>,
+    ) -> Result<(), String> {
         if s >= self.graph.stages.len() {
             return Err(format!("stage {s} does not exist"));
         }
@@ -688,6 +695,22 @@ impl Lowering {
         if !is_permutation(order, rank) {
             return Err(format!("{order:?} is not a permutation of {rank} axes"));
         }
+        // The input axis cut into panels, its extent and the panel width.
+        let panel = match (panel, order.last()) {
+            (None, _) | (_, None) => None,
+            (Some(p), Some(&last)) => {
+                let n = param.shape[last];
+                if p == 0 || !n.is_multiple_of(p) {
+                    return Err(format!("a panel of {p} does not divide the extent {n}"));
+                }
+                if rank >= harl_te::limits::MAX_RANK {
+                    return Err(format!(
+                        "a panel copy of a rank-{rank} input is over the rank limit"
+                    ));
+                }
+                Some((last, n, p))
+            }
+        };
         let mut reads = false;
         self.graph.stages[s].body.visit(&mut |e| {
             reads |= matches!(e, Expr::Load(TensorRef::Input(i), _) if *i == input);
@@ -696,14 +719,24 @@ impl Lowering {
             return Err(format!("stage {s} does not read input {input}"));
         }
         self.check_untouched_from(s, "cache_read")?;
-        // The copy's element at axes (a_0..a_r) is the input at a_{inverse(order)}.
+        // The copy's element at axes (a_0..a_r) is the input at a_{inverse(order)}; with panels
+        // the axes are (panel, a_0..a_{r-2}, within panel).
         let mut src = vec![Expr::int(0); rank];
+        let shift = usize::from(panel.is_some());
         for (i, &o) in order.iter().enumerate() {
-            src[o] = Expr::Axis(i);
+            src[o] = Expr::Axis(i + shift);
+        }
+        let mut shape: Vec<usize> = order.iter().map(|&o| param.shape[o]).collect();
+        if let Some((last, n, p)) = panel {
+            src[last] = Expr::Axis(0) * Expr::int(p as i64) + Expr::Axis(rank);
+            shape.insert(0, n / p);
+            if let Some(l) = shape.last_mut() {
+                *l = p;
+            }
         }
         let copy = harl_te::Stage {
             name: format!("{}_read{input}", self.graph.stages[s].name),
-            shape: order.iter().map(|&o| param.shape[o]).collect(),
+            shape,
             reduce: None,
             body: Expr::Load(TensorRef::Input(input), src),
             dtype: param.dtype,
@@ -711,10 +744,17 @@ impl Lowering {
         self.insert_stage(s, copy)?;
         let reader = &mut self.graph.stages[s + 1];
         reader.body = reader.body.map(&mut |e| match e {
-            Expr::Load(TensorRef::Input(i), idx) if i == input => Expr::Load(
-                TensorRef::Stage(s),
-                order.iter().map(|&o| idx[o].clone()).collect(),
-            ),
+            Expr::Load(TensorRef::Input(i), idx) if i == input => {
+                let mut to: Vec<Expr> = order.iter().map(|&o| idx[o].clone()).collect();
+                if let Some((last, _, p)) = panel {
+                    let p = Expr::int(p as i64);
+                    to.insert(0, idx[last].clone().binary(BinaryOp::Div, p.clone()));
+                    if let Some(l) = to.last_mut() {
+                        *l = idx[last].clone().binary(BinaryOp::Rem, p);
+                    }
+                }
+                Expr::Load(TensorRef::Stage(s), to)
+            }
             other => other,
         });
         Ok(())
@@ -877,13 +917,15 @@ impl Lowering {
             .iter()
             .map(|st| st.attach != Attach::Inline)
             .collect();
-        Ok(Program {
+        let mut program = Program {
             workload_key: String::new(),
             graph: self.graph,
             nests,
             var_extents: self.var_extents,
             has_buffer: buffers,
-        })
+        };
+        crate::simplify::program(&mut program);
+        Ok(program)
     }
 
     /// Emits loops `pos..` of stage `s`; `env` maps split-tree leaves to loop variables.

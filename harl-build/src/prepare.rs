@@ -186,7 +186,19 @@ mod tests {
             acc_registers: 28,
             threads: 2,
         };
-        let p = lower(&g, &default_schedule(&g, &target)).expect("lowers");
+        let sched = default_schedule(&g, &target);
+        // In panels of the register tile's 32 filters.
+        assert!(
+            sched.steps.iter().any(|s| matches!(
+                s,
+                crate::schedule::Step::CacheRead {
+                    panel: Some(32),
+                    ..
+                }
+            )),
+            "{sched:?}"
+        );
+        let p = lower(&g, &sched).expect("lowers");
         let split = Split::of(&p);
         assert!(split.hoists_any(), "{:?}", split);
         assert!(!split.hoisted[p.nests.len() - 1]);

@@ -83,6 +83,12 @@ pub enum Step {
         input: usize,
         /// A permutation of the input's axes.
         order: Vec<usize>,
+        /// Panels: the copy's last axis (input axis `order[last]`, of extent `n`) is cut into
+        /// `n / panel` panels of `panel` elements, and the panel index becomes the copy's first
+        /// axis, so the copy is `[n / panel, order[0].., panel]` and one panel (a register
+        /// tile's columns, say) lies contiguous for the whole reduction. Must divide `n`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        panel: Option<usize>,
     },
     /// Runs loop `at` on the thread pool; it must be the outermost loop of a root stage.
     Parallel {

@@ -34,9 +34,10 @@ fn cases() -> Vec<Case> {
         f64_math(),
         i32_arith(),
         // Weights: `prepare` hoists what depends on them alone (the strided convolution's
-        // filter layout in the default schedule, cache_reads of them in random schedules).
+        // filter layout in panels, 24 filters on AVX-512 and 16 on AVX2, in the default
+        // schedule; cache_reads in random schedules).
         weights(
-            w::conv2d(1, 8, 9, 9, 16, 3, 3, 2, 1, 1, 1).expect("strided conv"),
+            w::conv2d(1, 8, 9, 9, 48, 3, 3, 2, 1, 1, 1).expect("strided conv"),
             &[1],
         ),
         weights(w::dense_bias_relu(5, 8, 32).expect("dense"), &[1, 2]),
@@ -266,13 +267,18 @@ fn random_legal_and_illegal_schedules_lower_or_fail_cleanly_and_compute_what_the
             field().prop_map(|stage| Step::ComputeInline { stage }),
             (field(), field()).prop_map(|(stage, at)| Step::CacheWrite { stage, at }),
             (field(), field()).prop_map(|(stage, factor)| Step::Rfactor { stage, factor }),
-            (field(), field(), proptest::collection::vec(field(), 0..5)).prop_map(
-                |(stage, input, order)| Step::CacheRead {
+            (
+                field(),
+                field(),
+                proptest::collection::vec(field(), 0..5),
+                proptest::option::of(field())
+            )
+                .prop_map(|(stage, input, order, panel)| Step::CacheRead {
                     stage,
                     input,
-                    order
-                }
-            ),
+                    order,
+                    panel
+                }),
             (field(), field()).prop_map(|(stage, at)| Step::Parallel { stage, at }),
             (field(), field()).prop_map(|(stage, at)| Step::Vectorize { stage, at }),
             (field(), field()).prop_map(|(stage, at)| Step::Unroll { stage, at }),

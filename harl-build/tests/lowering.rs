@@ -227,6 +227,7 @@ fn cache_read_copies_an_input_in_a_new_layout() {
                 stage: 1,
                 input: 1,
                 order: vec![1, 2, 3, 0],
+                panel: None,
             },
             // The conv is stage 2 now; its filter axis (1) goes innermost and is vectorised.
             Step::Reorder {
@@ -253,6 +254,7 @@ fn cache_read_copies_an_input_in_a_new_layout() {
             stage,
             input,
             order,
+            panel: None,
         };
         let s = Schedule {
             steps: vec![step.clone()],
@@ -267,10 +269,51 @@ fn cache_read_copies_an_input_in_a_new_layout() {
                 stage: 1,
                 input: 1,
                 order: vec![1, 2, 3, 0],
+                panel: None,
             },
         ],
     };
     assert!(lower(&g, &late).is_err());
+}
+
+/// A panel copy: the filter axis (4) in panels of 2, the panel index first; the reader's
+/// `f / 2` and `f % 2` resolve to the split loops, so the vector loop reads one panel.
+#[test]
+fn cache_read_in_panels_computes_the_same() {
+    let g = harl_te::ops::workloads::conv2d(1, 3, 7, 6, 4, 3, 3, 2, 1, 1, 1).expect("conv2d");
+    let panels = |panel| Schedule {
+        steps: vec![
+            Step::CacheRead {
+                stage: 1,
+                input: 1,
+                order: vec![1, 2, 3, 0],
+                panel,
+            },
+            Step::Split {
+                stage: 2,
+                at: 1,
+                factors: vec![2],
+            },
+            // [n, fo, fi, y, x, c, ky, kx] -> fi innermost.
+            Step::Reorder {
+                stage: 2,
+                order: vec![0, 1, 3, 4, 5, 6, 7, 2],
+            },
+            Step::Vectorize { stage: 2, at: 7 },
+        ],
+    };
+    let ok = panels(Some(2));
+    check(&g, &ok, 4);
+    let program = lower(&g, &ok).expect("lowers");
+    assert_eq!(program.graph.stages[1].shape, [2, 3, 3, 3, 2]);
+    let text = format!("{:?}", program.nests);
+    assert!(!text.contains("Div") && !text.contains("Rem"), "{text}");
+    for bad in [Some(0), Some(3), Some(8)] {
+        assert!(
+            lower(&g, &panels(bad)).is_err(),
+            "panel {bad:?} should be rejected"
+        );
+    }
 }
 
 /// Row reductions (softmax's max and sum, layer norm's mean and variance) split into vector

@@ -122,6 +122,7 @@ pub enum FuzzStep {
         stage: Num,
         input: Num,
         order: Order,
+        panel: Option<Num>,
     },
     Parallel {
         stage: Num,
@@ -185,10 +186,12 @@ impl FuzzStep {
                 stage,
                 input,
                 order,
+                panel,
             } => Step::CacheRead {
                 stage: stage.0,
                 input: input.0,
                 order: order.build(),
+                panel: panel.map(|p| p.0),
             },
             FuzzStep::Parallel { stage, at } => Step::Parallel {
                 stage: stage.0,

@@ -558,7 +558,7 @@ impl Sketch {
                         p.tiles[first_axis + ns + j] = vec![e];
                     }
                     let lanes = (target.vector_bytes / elem_bytes(stage.dtype)).max(1);
-                    let nr = largest_divisor_at_most(stage.shape[l.vec_axis], 2 * lanes);
+                    let nr = harl_build::layout::vector_tile(stage.shape[l.vec_axis], lanes);
                     let max_rows = (target.acc_registers / nr.div_ceil(lanes)).clamp(1, 8);
                     let mr = largest_divisor_at_most(stage.shape[ns - 1], max_rows);
                     p.tiles[first_axis + l.vec_axis] = vec![1, 1, nr];
@@ -898,11 +898,20 @@ impl Sketch {
                     factor: p.tiles[*axis].iter().product(),
                 }),
                 Plan::Tiled {
-                    layout: Some(l), ..
+                    layout: Some(l),
+                    first_axis,
+                    ..
                 } => steps.push(Step::CacheRead {
                     stage: r + k,
                     input: l.input,
                     order: l.order.clone(),
+                    // Panels as wide as this candidate's innermost tile along the vector
+                    // axis, so that its vector loop reads one panel contiguously.
+                    panel: l.panel.and_then(|_| {
+                        let inner = *p.tiles[first_axis + l.vec_axis].last()?;
+                        let extent = self.graph.stages[r].shape[l.vec_axis];
+                        (inner > 1 && extent.is_multiple_of(inner)).then_some(inner)
+                    }),
                 }),
                 _ => {}
             }
