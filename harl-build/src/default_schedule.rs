@@ -7,7 +7,7 @@
 //! the reduction split for cache blocking, elementwise consumers fused as an epilogue, and the
 //! outer spatial loops fused and run in parallel.
 
-use crate::layout::{copy_steps, layout_choice, Layout};
+use crate::layout::{copy_steps, layout_choice, panel_layout, Layout};
 use crate::schedule::{Schedule, Step};
 use harl_te::{Expr, Graph, TensorRef};
 
@@ -106,10 +106,15 @@ fn plan(graph: &Graph, target: &CpuTarget, keep: &[bool], options: Options) -> S
                 .filter(|_| lanes.is_none())
                 .and_then(|_| plan_tiles(graph, s, target)),
         };
+        // A plain tile reads a weight in panels of its width (`layout::panel_layout`).
+        let panels = plan
+            .as_ref()
+            .filter(|_| layout.is_none() && options.layouts)
+            .and_then(|p| panel_layout(graph, s, p.vec[2]));
         let tiled = plan.map(|plan| emit_tiled(&mut steps, graph, s, &plan));
         // A layout always has its tiles (`layout_tiles`).
         let in_layout = layout.is_some();
-        if let Some(l) = layout {
+        if let Some(l) = layout.or(panels) {
             inserts.push((s, Insert::CacheRead(l)));
         }
         match tiled {

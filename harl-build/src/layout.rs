@@ -128,6 +128,57 @@ pub fn layout_choice(graph: &Graph, s: usize, target: &CpuTarget) -> Option<Layo
     best.map(|(_, l)| l)
 }
 
+/// The weight that stage `s` reads along its last spatial axis (the vector axis of a plain
+/// tile) and across its reduction: a GEMM's or GEMV's matrix `w[k, n]`, a dense layer's weights.
+/// A tile as wide as `width` along that axis then reads `width` elements of a new row at every
+/// step of the reduction (a 4096-wide matrix: 16 KB apart); copied once into panels of `width`
+/// (the packed B of a BLAS), the tile streams one contiguous panel instead.
+pub fn panel_input(graph: &Graph, s: usize) -> Option<usize> {
+    let stage = graph.stages.get(s)?;
+    stage.reduce.as_ref()?;
+    let ns = stage.n_spatial();
+    let last = ns.checked_sub(1)?;
+    let mut loads = Vec::new();
+    stage.body.visit(&mut |e| {
+        if let Expr::Load(t, idx) = e {
+            loads.push((*t, idx.clone()));
+        }
+    });
+    loads.iter().find_map(|(t, idx)| {
+        let TensorRef::Input(i) = *t else {
+            return None;
+        };
+        let (row, rest) = idx.split_last()?;
+        let weight = graph.inputs.get(i).is_some_and(|p| p.constant);
+        // One access of the input, contiguous along the vector axis, and along a reduction.
+        let same = loads.iter().all(|(u, jdx)| u != t || jdx == idx);
+        let along_reduction = rest
+            .iter()
+            .any(|e| (ns..stage.axis_extents().len()).any(|r| uses_axis(e, r)));
+        let only_row = *row == Expr::Axis(last) && !rest.iter().any(|e| uses_axis(e, last));
+        (weight && same && along_reduction && only_row && idx.len() < harl_te::limits::MAX_RANK)
+            .then_some(i)
+    })
+}
+
+/// The panel copy of [`panel_input`]'s weight for a tile `width` wide along the vector axis:
+/// the input's own axis order in panels of `width`, when that divides the axis and is smaller.
+pub fn panel_layout(graph: &Graph, s: usize, width: usize) -> Option<Layout> {
+    let input = panel_input(graph, s)?;
+    let stage = &graph.stages[s];
+    let vec_axis = stage.n_spatial() - 1;
+    let extent = stage.shape[vec_axis];
+    if width <= 1 || width >= extent || !extent.is_multiple_of(width) {
+        return None;
+    }
+    Some(Layout {
+        vec_axis,
+        input,
+        order: (0..graph.inputs[input].shape.len()).collect(),
+        panel: Some(width),
+    })
+}
+
 /// The steps of the `cache_read` copy that `layout` makes, at stage `copy` (its axes are the
 /// input's with the moved one last): a blocked transpose. The last axis is split into blocks of a cache line
 /// (16 f32), the block loop goes outermost and runs in parallel, the other axes in between keep
@@ -194,6 +245,31 @@ pub fn lane_use(n: usize, lanes: usize) -> f64 {
 mod tests {
     use super::*;
     use harl_te::ops::workloads as w;
+
+    /// A weight read along the output's last axis and a reduction is packed in panels; an
+    /// activation, a filter read along other axes, or a too-narrow panel is not.
+    #[test]
+    fn weights_along_the_vector_axis_go_in_panels() {
+        let mut g = w::dense_bias_relu(8, 64, 256).expect("dense");
+        let s = (0..g.stages.len())
+            .find(|&s| g.stages[s].reduce.is_some())
+            .expect("the matmul");
+        assert_eq!(panel_input(&g, s), None, "not a weight");
+        g.inputs[1].constant = true;
+        g.inputs[2].constant = true;
+        assert_eq!(panel_input(&g, s), Some(1));
+        let l = panel_layout(&g, s, 32).expect("panels");
+        assert_eq!((l.order, l.panel), (vec![0, 1], Some(32)));
+        // Not narrower than the axis, and dividing it.
+        assert!(panel_layout(&g, s, 256).is_none());
+        assert!(panel_layout(&g, s, 48).is_none());
+        assert!(panel_layout(&g, s, 1).is_none());
+        // A convolution's filter is read along the output channels, not the row.
+        let mut c = w::conv2d(1, 8, 14, 14, 32, 3, 3, 1, 1, 1, 1).expect("conv2d");
+        c.inputs[1].constant = true;
+        let s = c.stages.len() - 1;
+        assert_eq!(panel_input(&c, s), None);
+    }
 
     #[test]
     fn lane_use_counts_the_operations_codegen_emits() {

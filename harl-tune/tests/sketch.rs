@@ -93,8 +93,28 @@ fn cases() -> &'static [Case] {
                 w::conv3d(1, 2, 4, 5, 5, 4, 3, 3, 3, 1, 1, 1, 1).expect("conv3d"),
             ),
             Case::new("i32 select + row sum", i32_arith()),
+            // Weights: tiled sketches read them through panel copies.
+            Case::new(
+                "dense_bias_relu with weights",
+                weights(w::dense_bias_relu(6, 10, 64).expect("dense"), &[1, 2]),
+            ),
+            Case::new(
+                "conv2d stride 2 with a weight",
+                weights(
+                    w::conv2d(1, 3, 7, 6, 48, 3, 3, 2, 1, 1, 1).expect("conv2d"),
+                    &[1],
+                ),
+            ),
         ]
     })
+}
+
+/// `g` with inputs `which` marked as weights.
+fn weights(mut g: Graph, which: &[usize]) -> Graph {
+    for &i in which {
+        g.inputs[i].constant = true;
+    }
+    g
 }
 
 /// A matmul followed by two elementwise stages: the first is inlined, the second fused.
@@ -556,16 +576,28 @@ fn default_params_give_the_default_loops() {
         w::matmul(64, 64, 64).expect("mm"),
         w::matmul(512, 512, 512).expect("mm"),
         w::conv2d(1, 64, 56, 56, 64, 3, 3, 1, 1, 1, 1).expect("conv2d"),
+        // A weight read in panels, by the default and by the sketch's seed alike.
+        weights(w::matmul(64, 256, 512).expect("mm"), &[1]),
     ];
     for g in graphs {
         let schedule = default_schedule(&g, &target);
         let default = lower(&g, &schedule).expect("default lowers");
         // A default in a layout (the 56-pixel rows of the convolution) is the layout
         // sketch's seed.
-        let layout = schedule
+        let layout = schedule.steps.iter().any(|s| {
+            matches!(
+                s,
+                Step::CacheRead {
+                    panel: None | Some(_),
+                    ..
+                }
+            )
+        }) && !g.inputs.iter().any(|i| i.constant);
+        let panels = schedule
             .steps
             .iter()
-            .any(|s| matches!(s, Step::CacheRead { .. }));
+            .any(|s| matches!(s, Step::CacheRead { panel: Some(_), .. }));
+        assert_eq!(panels, g.inputs.iter().any(|i| i.constant), "{schedule:?}");
         let want = if layout {
             "tile+cache_read+cache_write"
         } else {
@@ -587,6 +619,21 @@ fn default_params_give_the_default_loops() {
             loop_shape(&p)
         };
         assert_eq!(reduction(&ours), reduction(&default), "{p:?}");
+        // The same copies (layout and panels) before it.
+        assert_eq!(ours.graph.stages.len(), default.graph.stages.len(), "{p:?}");
+        assert_eq!(
+            ours.graph
+                .stages
+                .iter()
+                .map(|s| &s.shape)
+                .collect::<Vec<_>>(),
+            default
+                .graph
+                .stages
+                .iter()
+                .map(|s| &s.shape)
+                .collect::<Vec<_>>()
+        );
     }
 }
 

@@ -46,7 +46,7 @@ pub use moves::CpuMoves;
 
 use crate::space::SearchSpace;
 use harl_build::default_schedule::{guarded_axes, plan_tiles, CpuTarget};
-use harl_build::layout::{copy_steps, layout_choice, Layout};
+use harl_build::layout::{copy_steps, layout_choice, panel_layout, Layout};
 use harl_build::lower::{lower, ScheduleError, MAX_ACC_ELEMS, MAX_UNROLL};
 use harl_build::rng::Rng;
 use harl_build::schedule::{Schedule, Step};
@@ -869,21 +869,48 @@ impl Sketch {
         Ok(())
     }
 
+    /// The copy a tiled stage `s` reads a graph input through under `p`: its plan's layout, or
+    /// a weight in panels ([`panel_layout`]); panels as wide as `p`'s innermost tile along the
+    /// vector axis, so that the vector loop reads one panel contiguously.
+    fn copy_layout(&self, s: usize, p: &Params) -> Option<Layout> {
+        let Plan::Tiled {
+            first_axis,
+            ref layout,
+            ..
+        } = self.plans[s]
+        else {
+            return None;
+        };
+        let stage = &self.graph.stages[s];
+        let vec_axis = layout
+            .as_ref()
+            .map_or(stage.n_spatial() - 1, |l| l.vec_axis);
+        let inner = p
+            .tiles
+            .get(first_axis + vec_axis)
+            .and_then(|t| t.last().copied())
+            .unwrap_or(1);
+        let extent = stage.shape[vec_axis];
+        match layout {
+            Some(l) => Some(Layout {
+                panel: l
+                    .panel
+                    .and(Some(inner))
+                    .filter(|&w| w > 1 && w < extent && extent.is_multiple_of(w)),
+                ..l.clone()
+            }),
+            None => panel_layout(&self.graph, s, inner),
+        }
+    }
+
     /// The steps of a checked parameter set.
     fn build(&self, p: &Params) -> Vec<Step> {
         let n = self.plans.len();
+        // The copy each tiled stage reads a graph input through, if any.
+        let copies: Vec<Option<Layout>> = (0..n).map(|s| self.copy_layout(s, p)).collect();
         // Stages whose plan inserts a stage before them (rfactor's partials, cache_read's copy).
         let inserting: Vec<usize> = (0..n)
-            .filter(|&s| {
-                matches!(
-                    self.plans[s],
-                    Plan::Rfactor { .. }
-                        | Plan::Tiled {
-                            layout: Some(_),
-                            ..
-                        }
-                )
-            })
+            .filter(|&s| matches!(self.plans[s], Plan::Rfactor { .. }) || copies[s].is_some())
             .collect();
         // Index of original stage `s` once the inserted stages are in.
         let new_index = |s: usize| s + inserting.iter().filter(|&&r| r <= s).count();
@@ -897,22 +924,16 @@ impl Sketch {
                     stage: r + k,
                     factor: p.tiles[*axis].iter().product(),
                 }),
-                Plan::Tiled {
-                    layout: Some(l),
-                    first_axis,
-                    ..
-                } => steps.push(Step::CacheRead {
-                    stage: r + k,
-                    input: l.input,
-                    order: l.order.clone(),
-                    // Panels as wide as this candidate's innermost tile along the vector
-                    // axis, so that its vector loop reads one panel contiguously.
-                    panel: l.panel.and_then(|_| {
-                        let inner = *p.tiles[first_axis + l.vec_axis].last()?;
-                        let extent = self.graph.stages[r].shape[l.vec_axis];
-                        (inner > 1 && extent.is_multiple_of(inner)).then_some(inner)
-                    }),
-                }),
+                Plan::Tiled { .. } => {
+                    if let Some(l) = &copies[r] {
+                        steps.push(Step::CacheRead {
+                            stage: r + k,
+                            input: l.input,
+                            order: l.order.clone(),
+                            panel: l.panel,
+                        });
+                    }
+                }
                 _ => {}
             }
         }
@@ -973,7 +994,7 @@ impl Sketch {
                 } => {
                     let n_axes = stage.axis_extents().len();
                     let ns = stage.n_spatial();
-                    if let Some(l) = layout {
+                    if let Some(l) = &copies[s] {
                         steps.extend(copy_steps(new_index(s) - 1, &self.graph, l));
                     }
                     let tiled = TiledStage {
