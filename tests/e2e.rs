@@ -589,3 +589,91 @@ fn main() {
     assert_eq!(files.len(), decls.len(), "{files:?}");
     assert!(files.iter().all(|f| f.len() < 200), "{files:?}");
 }
+
+/// Weights: `prepare` once, then `Prepared::run`, computes what the plain call computes, bit for
+/// bit, and what naive loops compute: a dense layer whose matrix is read in panels and a
+/// strided convolution whose filter is read in a layout, both copied once.
+#[test]
+fn weights_are_prepared_once_and_compute_the_same() {
+    let krate = new_crate("harl-e2e-weights");
+    let main = r#"
+#[harl::kernel(M = 4, K = 40, N = 64)]
+fn dense(x: Tensor<f32, M, K>, w: Weight<f32, K, N>, b: Weight<f32, N>) -> Tensor<f32, M, N> {
+    let mm = compute([M, N], |i, j| sum(K, |k| x[[i, k]] * w[[k, j]]));
+    compute([M, N], |i, j| max(mm[[i, j]] + b[j], 0.0))
+}
+
+#[harl::kernel(C = 8, H = 9, F = 48)]
+fn conv(x: Tensor<f32, 1, C, H, H>, w: Weight<f32, F, C, 3, 3>) -> Tensor<f32, 1, F, 5, 5> {
+    conv2d(x, w).stride(2).pad(1)
+}
+
+fn data(n: usize, seed: u32) -> Vec<f32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (s >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+        })
+        .collect()
+}
+
+fn main() {
+    let (m, k, n) = (4, 40, 64);
+    let (x, w, b) = (data(m * k, 1), data(k * n, 2), data(n, 3));
+    let mut plain = vec![f32::NAN; m * n];
+    dense(&x, &w, &b, &mut plain).expect("lengths");
+    let layer = dense::prepare(&w, &b).expect("lengths");
+    assert!(dense::prepare(&w[1..], &b).is_err(), "a short weight is an error");
+    for _ in 0..2 {
+        let mut got = vec![f32::NAN; m * n];
+        layer.run(&x, &mut got).expect("lengths");
+        assert_eq!(format!("{got:?}"), format!("{plain:?}"));
+    }
+    for i in 0..m {
+        for j in 0..n {
+            let acc: f32 = (0..k).map(|kk| x[i * k + kk] * w[kk * n + j]).sum();
+            let want = (acc + b[j]).max(0.0);
+            assert!((plain[i * n + j] - want).abs() <= 1e-4 * (1.0 + want.abs()));
+        }
+    }
+
+    let (c, h, f, o) = (8, 9, 48, 5);
+    let (x, w) = (data(c * h * h, 4), data(f * c * 9, 5));
+    let mut plain = vec![f32::NAN; f * o * o];
+    conv(&x, &w, &mut plain).expect("lengths");
+    let prepared = conv::prepare(&w).expect("lengths");
+    let mut got = vec![f32::NAN; f * o * o];
+    prepared.run(&x, &mut got).expect("lengths");
+    assert_eq!(format!("{got:?}"), format!("{plain:?}"));
+    for ff in 0..f {
+        for oh in 0..o {
+            for ow in 0..o {
+                let mut acc = 0.0f32;
+                for cc in 0..c {
+                    for r in 0..3 {
+                        for s in 0..3 {
+                            let (ih, iw) = ((2 * oh + r) as isize - 1, (2 * ow + s) as isize - 1);
+                            if ih >= 0 && iw >= 0 && (ih as usize) < h && (iw as usize) < h {
+                                acc += x[(cc * h + ih as usize) * h + iw as usize]
+                                    * w[((ff * c + cc) * 3 + r) * 3 + s];
+                            }
+                        }
+                    }
+                }
+                let got = plain[(ff * o + oh) * o + ow];
+                assert!((got - acc).abs() <= 1e-4 * (1.0 + acc.abs()), "{got} vs {acc}");
+            }
+        }
+    }
+    println!("WEIGHTS OK");
+}
+"#;
+    std::fs::write(krate.path().join("src/main.rs"), main).unwrap();
+    let run = Run::of(cargo_run(krate.path(), None));
+    assert!(
+        run.success && run.stdout.contains("WEIGHTS OK"),
+        "{}",
+        run.context()
+    );
+}

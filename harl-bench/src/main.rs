@@ -11,6 +11,7 @@
 
 mod compare;
 mod dataset;
+mod fidelity;
 mod gpu;
 mod harness;
 mod kernels;
@@ -129,6 +130,9 @@ enum Command {
     /// The kernels of BERT-base, ResNet-50, MobileNet-V2 and LLM decode GEMVs against
     /// onnxruntime and numpy's BLAS (scripts/peers.py), default schedule and after --trials.
     Models(models::Options),
+    /// The latency the measurer records for a schedule against what a user's release binary,
+    /// built from that record, measures for it (same threads, inputs alike).
+    Fidelity(fidelity::Options),
     /// Tune a published set of workloads and store every measured trial: the cost models'
     /// warm-start dataset (`--split train`, shipped in harl-tune) or held-out records
     /// (`--split eval`).
@@ -208,6 +212,7 @@ fn run(command: Command) -> Result<(), Error> {
         Command::Gpu(options) => gpu::run(&options),
         Command::Math { rounds } => math::run(rounds),
         Command::Models(options) => models::run(&options),
+        Command::Fidelity(options) => fidelity::run(&options),
         Command::Dataset(options) => dataset::run(&options),
         Command::TransferEval(options) => transfer_eval::run(&options),
         Command::List => {
