@@ -84,7 +84,7 @@ pub fn run(o: &Options) -> Result<(), Error> {
                 recorded[k].push(lat);
                 if round == 0 {
                     let record = Record::new(
-                        &g.workload_key(),
+                        g.workload_key(),
                         name,
                         TargetFingerprint::host(),
                         sched.clone(),
@@ -126,9 +126,8 @@ pub fn run(o: &Options) -> Result<(), Error> {
         }
     }
     println!(
-        "\n{} ({})\n{table}",
-        "harl-bench fidelity",
-        harl_build::target::TargetFingerprint::host().cpu_model
+        "\nharl-bench fidelity ({})\n{table}",
+        TargetFingerprint::host().cpu_model
     );
     std::fs::write(
         o.out.join("fidelity.json"),
