@@ -40,7 +40,8 @@ pub struct Options {
     /// Alternations of measurer and binary (medians).
     #[arg(long, default_value_t = 3, value_parser = crate::harness::positive)]
     pub rounds: usize,
-    /// Output directory (the downstream crate, its caches, fidelity.json).
+    /// Output directory (the downstream crate, its caches, fidelity.json); the crate builds in
+    /// the workspace's `target/fidelity`.
     #[arg(long, default_value = "fidelity-out")]
     pub out: PathBuf,
 }
@@ -214,11 +215,11 @@ fn main_rs(kernels: &[(String, Graph)]) -> String {
 fn build_and_time(
     krate: &Path,
     cache: &Path,
-    out: &Path,
     threads: usize,
 ) -> Result<std::collections::HashMap<String, f64>, Error> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let target = out.join("target");
+    // The workspace's target directory: harl compiles once, and nothing large lands in `out`.
+    let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/fidelity");
     let mut build = Command::new(&cargo);
     build
         .current_dir(krate)
