@@ -58,7 +58,9 @@ pub fn run(o: &Options) -> Result<(), Error> {
         })
         .collect::<Result<_, Error>>()?;
     std::fs::create_dir_all(&o.out)?;
-    let krate = o.out.join("crate");
+    // Absolute: cargo runs in the crate's directory.
+    let out = o.out.canonicalize()?;
+    let krate = out.join("crate");
     write_crate(&krate, &kernels)?;
     let mut rows = Vec::new();
     let mut table = String::from(
@@ -66,7 +68,7 @@ pub fn run(o: &Options) -> Result<(), Error> {
     );
     for &t in &o.threads {
         // The schedules of this thread count, recorded in a cache of their own.
-        let cache_dir = o.out.join(format!("cache-{t}"));
+        let cache_dir = out.join(format!("cache-{t}"));
         let _ = std::fs::remove_dir_all(&cache_dir);
         let cache = TuningCache::new(&cache_dir);
         let schedules: Vec<_> = kernels
@@ -95,7 +97,7 @@ pub fn run(o: &Options) -> Result<(), Error> {
                     cache.append(&record)?;
                 }
             }
-            let times = build_and_time(&krate, &cache_dir, &o.out, t)?;
+            let times = build_and_time(&krate, &cache_dir, t)?;
             for (k, (name, _)) in kernels.iter().enumerate() {
                 let s = times
                     .get(name)
@@ -131,7 +133,7 @@ pub fn run(o: &Options) -> Result<(), Error> {
         TargetFingerprint::host().cpu_model
     );
     std::fs::write(
-        o.out.join("fidelity.json"),
+        out.join("fidelity.json"),
         serde_json::to_string_pretty(&json!({ "rows": rows }))?,
     )?;
     Ok(())
@@ -225,7 +227,7 @@ fn build_and_time(
         .current_dir(krate)
         .args(["build", "--release", "--quiet"])
         .env("CARGO_TARGET_DIR", &target)
-        .env("HARL_CACHE_DIR", cache.canonicalize()?);
+        .env("HARL_CACHE_DIR", cache);
     for var in ["HARL_TUNE", "HARL_TRIALS", "HARL_ISA"] {
         build.env_remove(var);
     }
