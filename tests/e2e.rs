@@ -24,8 +24,52 @@ use harl_build::schedule::{Schedule, Step};
 use harl_build::target::TargetFingerprint;
 use harl_te::Graph;
 
+/// The downstream programs' helpers: deterministic data, and a naive 3x3 convolution with
+/// stride 2 and padding 1 (NCHW, square, one image) to check kernels against.
+macro_rules! helpers {
+    () => {
+        r#"
+fn data(n: usize, seed: u32) -> Vec<f32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (s >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+        })
+        .collect()
+}
+
+fn conv3x3_s2_reference(x: &[f32], w: &[f32], c: usize, h: usize, f: usize) -> Vec<f32> {
+    let o = (h - 1) / 2 + 1;
+    let mut out = vec![0.0f32; f * o * o];
+    for ff in 0..f {
+        for oh in 0..o {
+            for ow in 0..o {
+                let mut acc = 0.0f32;
+                for cc in 0..c {
+                    for r in 0..3 {
+                        for s in 0..3 {
+                            let (ih, iw) = ((2 * oh + r) as isize - 1, (2 * ow + s) as isize - 1);
+                            if ih >= 0 && iw >= 0 && (ih as usize) < h && (iw as usize) < h {
+                                acc += x[(cc * h + ih as usize) * h + iw as usize]
+                                    * w[((ff * c + cc) * 3 + r) * 3 + s];
+                            }
+                        }
+                    }
+                }
+                out[(ff * o + oh) * o + ow] = acc;
+            }
+        }
+    }
+    out
+}
+"#
+    };
+}
+
 /// The downstream crate's `src/main.rs`: two kernels, checked against naive loops.
-const MAIN_RS: &str = r#"//! A harl user's program: two kernels, checked against naive loops.
+const MAIN_RS: &str = concat!(
+    r#"//! A harl user's program: two kernels, checked against naive loops.
 
 /// A dense layer written in the compute DSL, with a bias + relu epilogue.
 #[harl::kernel(M = 24, K = 40, N = 36)]
@@ -40,16 +84,9 @@ fn conv(x: Tensor<f32, 1, C, H, W>, w: Tensor<f32, F, C, 3, 3>) -> Tensor<f32, 1
     conv2d(x, w).stride(2).pad(1)
 }
 
-fn data(n: usize, seed: u32) -> Vec<f32> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-            (s >> 8) as f32 / (1u32 << 24) as f32 - 0.5
-        })
-        .collect()
-}
-
+"#,
+    helpers!(),
+    r#"
 fn check(name: &str, got: &[f32], want: &[f32], terms: usize) -> bool {
     let tol = 1e-5 * terms as f32;
     let worst = got
@@ -83,31 +120,11 @@ fn main() {
     }
     let mut ok = check("dense", &out, &want, k);
 
-    let (c, h, wd, f, oh_n, ow_n) = (3, 9, 9, 4, 5, 5);
-    let (x, wt) = (data(c * h * wd, 4), data(f * c * 9, 5));
-    let mut y = vec![f32::NAN; f * oh_n * ow_n];
+    let (c, h, f, o) = (3, 9, 4, 5);
+    let (x, wt) = (data(c * h * h, 4), data(f * c * 9, 5));
+    let mut y = vec![f32::NAN; f * o * o];
     conv(&x, &wt, &mut y).expect("conv: buffer lengths match");
-    let mut want = vec![0.0f32; f * oh_n * ow_n];
-    for ff in 0..f {
-        for oh in 0..oh_n {
-            for ow in 0..ow_n {
-                let mut acc = 0.0f32;
-                for cc in 0..c {
-                    for r in 0..3 {
-                        for s in 0..3 {
-                            let ih = (2 * oh + r) as isize - 1;
-                            let iw = (2 * ow + s) as isize - 1;
-                            if ih >= 0 && iw >= 0 && (ih as usize) < h && (iw as usize) < wd {
-                                acc += x[(cc * h + ih as usize) * wd + iw as usize]
-                                    * wt[((ff * c + cc) * 3 + r) * 3 + s];
-                            }
-                        }
-                    }
-                }
-                want[(ff * oh_n + oh) * ow_n + ow] = acc;
-            }
-        }
-    }
+    let want = conv3x3_s2_reference(&x, &wt, c, h, f);
     ok &= check("conv", &y, &want, c * 9);
 
     // A wrong length is a typed error, not a panic.
@@ -125,7 +142,8 @@ fn main() {
     }
     println!("E2E OK");
 }
-"#;
+"#
+);
 
 const BUILD_RS: &str = r#"fn main() {
     harl_build::Builder::new().scan_crate().compile();
@@ -596,7 +614,8 @@ fn main() {
 #[test]
 fn weights_are_prepared_once_and_compute_the_same() {
     let krate = new_crate("harl-e2e-weights");
-    let main = r#"
+    let main = concat!(
+        r#"
 #[harl::kernel(M = 4, K = 40, N = 64)]
 fn dense(x: Tensor<f32, M, K>, w: Weight<f32, K, N>, b: Weight<f32, N>) -> Tensor<f32, M, N> {
     let mm = compute([M, N], |i, j| sum(K, |k| x[[i, k]] * w[[k, j]]));
@@ -608,16 +627,9 @@ fn conv(x: Tensor<f32, 1, C, H, H>, w: Weight<f32, F, C, 3, 3>) -> Tensor<f32, 1
     conv2d(x, w).stride(2).pad(1)
 }
 
-fn data(n: usize, seed: u32) -> Vec<f32> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-            (s >> 8) as f32 / (1u32 << 24) as f32 - 0.5
-        })
-        .collect()
-}
-
+"#,
+        helpers!(),
+        r#"
 fn main() {
     let (m, k, n) = (4, 40, 64);
     let (x, w, b) = (data(m * k, 1), data(k * n, 2), data(n, 3));
@@ -646,29 +658,13 @@ fn main() {
     let mut got = vec![f32::NAN; f * o * o];
     prepared.run(&x, &mut got).expect("lengths");
     assert_eq!(format!("{got:?}"), format!("{plain:?}"));
-    for ff in 0..f {
-        for oh in 0..o {
-            for ow in 0..o {
-                let mut acc = 0.0f32;
-                for cc in 0..c {
-                    for r in 0..3 {
-                        for s in 0..3 {
-                            let (ih, iw) = ((2 * oh + r) as isize - 1, (2 * ow + s) as isize - 1);
-                            if ih >= 0 && iw >= 0 && (ih as usize) < h && (iw as usize) < h {
-                                acc += x[(cc * h + ih as usize) * h + iw as usize]
-                                    * w[((ff * c + cc) * 3 + r) * 3 + s];
-                            }
-                        }
-                    }
-                }
-                let got = plain[(ff * o + oh) * o + ow];
-                assert!((got - acc).abs() <= 1e-4 * (1.0 + acc.abs()), "{got} vs {acc}");
-            }
-        }
+    for (got, want) in plain.iter().zip(conv3x3_s2_reference(&x, &w, c, h, f)) {
+        assert!((got - want).abs() <= 1e-4 * (1.0 + want.abs()), "{got} vs {want}");
     }
     println!("WEIGHTS OK");
 }
-"#;
+"#
+    );
     std::fs::write(krate.path().join("src/main.rs"), main).unwrap();
     let run = Run::of(cargo_run(krate.path(), None));
     assert!(

@@ -7,7 +7,7 @@
 //! crate then builds the kernel from that cache with `harl_build::Builder` and `cargo build
 //! --release` (a user's build: generated code, the user's release profile) and times it in its
 //! own binary: a rayon pool of the same threads, inputs from the same kind of distribution,
-//! weights prepared once (`prepare`) as the measurer does, one warm-up call, then calls until
+//! weights prepared once (`prepare`) as the measurer does, two warm-up calls, then calls until
 //! 0.5 s and 10 calls, median. The two are taken in alternation over `--rounds`; the table
 //! gives the medians and their ratio (binary / recorded). Not a test: the machines are shared
 //! and noisy, so this is a figure to read, not to assert.
@@ -167,7 +167,7 @@ fn write_crate(dir: &Path, kernels: &[(String, Graph)]) -> Result<(), Error> {
     Ok(())
 }
 
-/// The binary: for each kernel, inputs in `[-1, 1)`, weights prepared once, a warm-up call,
+/// The binary: for each kernel, inputs in `[-1, 1)`, weights prepared once, two warm-up calls,
 /// then calls until 0.5 s and 10 calls; prints `TIME name median_s source`.
 fn main_rs(kernels: &[(String, Graph)]) -> String {
     let mut s = String::from(

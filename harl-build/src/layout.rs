@@ -57,12 +57,7 @@ pub fn layout_choice(graph: &Graph, s: usize, target: &CpuTarget) -> Option<Layo
     let last = ns.checked_sub(1)?;
     let n_axes = stage.axis_extents().len();
     let step = |e: &Expr, a: usize| e.stride(a, n_axes);
-    let mut loads = Vec::new();
-    stage.body.visit(&mut |e| {
-        if let Expr::Load(t, idx) = e {
-            loads.push((*t, idx.clone()));
-        }
-    });
+    let loads = loads_of(stage);
     let strided = loads.iter().any(|(_, idx)| {
         idx.last()
             .is_some_and(|l| !matches!(step(l, last), Some(0 | 1)))
@@ -138,12 +133,7 @@ pub fn panel_input(graph: &Graph, s: usize) -> Option<usize> {
     stage.reduce.as_ref()?;
     let ns = stage.n_spatial();
     let last = ns.checked_sub(1)?;
-    let mut loads = Vec::new();
-    stage.body.visit(&mut |e| {
-        if let Expr::Load(t, idx) = e {
-            loads.push((*t, idx.clone()));
-        }
-    });
+    let loads = loads_of(stage);
     loads.iter().find_map(|(t, idx)| {
         let TensorRef::Input(i) = *t else {
             return None;
@@ -177,6 +167,17 @@ pub fn panel_layout(graph: &Graph, s: usize, width: usize) -> Option<Layout> {
         order: (0..graph.inputs[input].shape.len()).collect(),
         panel: Some(width),
     })
+}
+
+/// Every load of `stage`'s body: the tensor and its index.
+fn loads_of(stage: &harl_te::Stage) -> Vec<(TensorRef, Vec<Expr>)> {
+    let mut loads = Vec::new();
+    stage.body.visit(&mut |e| {
+        if let Expr::Load(t, idx) = e {
+            loads.push((*t, idx.clone()));
+        }
+    });
+    loads
 }
 
 /// The steps of the `cache_read` copy that `layout` makes, at stage `copy` (its axes are the

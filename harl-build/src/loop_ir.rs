@@ -111,6 +111,51 @@ pub enum Stmt {
     },
 }
 
+impl Stmt {
+    /// The expressions this statement holds itself (indices, values, conditions, shared boxes'
+    /// origins), not those of the statements nested in it.
+    pub fn exprs(&self) -> Vec<&Expr> {
+        match self {
+            Stmt::For { .. } | Stmt::AccDecl { .. } => vec![],
+            Stmt::Let { value, .. } => vec![value],
+            Stmt::If { cond, .. } => vec![cond],
+            Stmt::Store { index, value, .. } => index.iter().chain([value]).collect(),
+            Stmt::AccUpdate { index, value, .. } => vec![index, value],
+            Stmt::Shared { boxes, .. } => boxes.iter().flat_map(|b| &b.origin).collect(),
+            Stmt::AccStore { index, dest, .. } => std::iter::once(index).chain(dest).collect(),
+        }
+    }
+
+    /// [`Stmt::exprs`], mutable.
+    pub fn exprs_mut(&mut self) -> Vec<&mut Expr> {
+        match self {
+            Stmt::For { .. } | Stmt::AccDecl { .. } => vec![],
+            Stmt::Let { value, .. } => vec![value],
+            Stmt::If { cond, .. } => vec![cond],
+            Stmt::Store { index, value, .. } => index.iter_mut().chain([value]).collect(),
+            Stmt::AccUpdate { index, value, .. } => vec![index, value],
+            Stmt::Shared { boxes, .. } => boxes.iter_mut().flat_map(|b| &mut b.origin).collect(),
+            Stmt::AccStore { index, dest, .. } => std::iter::once(index).chain(dest).collect(),
+        }
+    }
+
+    /// The statements nested in this one (a loop's, an `if`'s or a shared block's body).
+    pub fn body(&self) -> &[Stmt] {
+        match self {
+            Stmt::For { body, .. } | Stmt::If { body, .. } | Stmt::Shared { body, .. } => body,
+            _ => &[],
+        }
+    }
+
+    /// [`Stmt::body`], mutable.
+    pub fn body_mut(&mut self) -> &mut [Stmt] {
+        match self {
+            Stmt::For { body, .. } | Stmt::If { body, .. } | Stmt::Shared { body, .. } => body,
+            _ => &mut [],
+        }
+    }
+}
+
 /// The part of a graph input a [`Stmt::Shared`] stages: a box at a block-uniform origin.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SharedBox {

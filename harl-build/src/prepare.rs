@@ -7,7 +7,7 @@
 //! the rest. onnxruntime does the same with its initializers (prepacked weights).
 
 use crate::loop_ir::{Program, Stmt};
-use harl_te::{Expr, TensorRef};
+use harl_te::TensorRef;
 
 /// How a program splits between `prepare` and `Prepared::run`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -35,25 +35,17 @@ impl Split {
             });
         }
         let last = g.stages.len().saturating_sub(1);
-        let hoisted: Vec<bool> = p
-            .nests
-            .iter()
-            .map(|n| {
-                let mut writes = Vec::new();
-                let mut reads = Vec::new();
-                walk(&n.body, &mut writes, &mut reads);
-                writes.push(n.stage);
-                writes.iter().all(|&s| s != last && constant[s])
-            })
-            .collect();
+        let mut hoisted = Vec::with_capacity(p.nests.len());
         let mut written = vec![false; g.stages.len()];
         let mut read_stage = vec![false; g.stages.len()];
         let mut read_input = vec![false; g.inputs.len()];
-        for (n, nest) in p.nests.iter().enumerate() {
+        for nest in &p.nests {
             let mut writes = vec![nest.stage];
             let mut reads = Vec::new();
             walk(&nest.body, &mut writes, &mut reads);
-            if hoisted[n] {
+            let hoist = writes.iter().all(|&s| s != last && constant[s]);
+            hoisted.push(hoist);
+            if hoist {
                 for s in writes {
                     written[s] = true;
                 }
@@ -91,45 +83,18 @@ impl Split {
 
 /// The stages `stmts` store into and the tensors they load from.
 fn walk(stmts: &[Stmt], writes: &mut Vec<usize>, reads: &mut Vec<TensorRef>) {
-    let load = |e: &Expr, reads: &mut Vec<TensorRef>| reads.extend(e.loads());
     for s in stmts {
         match s {
-            Stmt::For { body, .. } => walk(body, writes, reads),
-            Stmt::Let { value, .. } => load(value, reads),
-            Stmt::If { cond, body } => {
-                load(cond, reads);
-                walk(body, writes, reads);
+            Stmt::Store { stage, .. } | Stmt::AccStore { stage, .. } => writes.push(*stage),
+            Stmt::Shared { boxes, .. } => {
+                reads.extend(boxes.iter().map(|b| TensorRef::Input(b.input)));
             }
-            Stmt::Store {
-                stage,
-                index,
-                value,
-                ..
-            } => {
-                writes.push(*stage);
-                index.iter().for_each(|e| load(e, reads));
-                load(value, reads);
-            }
-            Stmt::AccDecl { .. } => {}
-            Stmt::AccUpdate { index, value, .. } => {
-                load(index, reads);
-                load(value, reads);
-            }
-            Stmt::Shared { boxes, body } => {
-                for b in boxes {
-                    reads.push(TensorRef::Input(b.input));
-                    b.origin.iter().for_each(|e| load(e, reads));
-                }
-                walk(body, writes, reads);
-            }
-            Stmt::AccStore {
-                index, stage, dest, ..
-            } => {
-                writes.push(*stage);
-                load(index, reads);
-                dest.iter().for_each(|e| load(e, reads));
-            }
+            _ => {}
         }
+        for e in s.exprs() {
+            reads.extend(e.loads());
+        }
+        walk(s.body(), writes, reads);
     }
 }
 
@@ -138,7 +103,7 @@ mod tests {
     use super::*;
     use crate::lower::lower;
     use crate::schedule::Schedule;
-    use harl_te::{DType, GraphBuilder};
+    use harl_te::{DType, Expr, GraphBuilder};
 
     /// A weight transposed by one stage, then used: the transpose is hoisted and kept, the
     /// weight itself is no longer needed, the use runs on every call.

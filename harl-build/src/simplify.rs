@@ -19,35 +19,11 @@ pub fn program(p: &mut Program) {
 }
 
 fn stmts(body: &mut [Stmt], extents: &[usize]) {
-    let e = |x: &mut Expr| *x = expr(x, extents);
     for s in body {
-        match s {
-            Stmt::For { body, .. } => stmts(body, extents),
-            Stmt::Let { value, .. } => e(value),
-            Stmt::If { cond, body } => {
-                e(cond);
-                stmts(body, extents);
-            }
-            Stmt::Store { index, value, .. } => {
-                index.iter_mut().for_each(e);
-                e(value);
-            }
-            Stmt::AccDecl { .. } => {}
-            Stmt::AccUpdate { index, value, .. } => {
-                e(index);
-                e(value);
-            }
-            Stmt::Shared { boxes, body } => {
-                for b in boxes.iter_mut() {
-                    b.origin.iter_mut().for_each(e);
-                }
-                stmts(body, extents);
-            }
-            Stmt::AccStore { index, dest, .. } => {
-                e(index);
-                dest.iter_mut().for_each(e);
-            }
+        for e in s.exprs_mut() {
+            *e = expr(e, extents);
         }
+        stmts(s.body_mut(), extents);
     }
 }
 
