@@ -20,6 +20,7 @@ pub mod nvrtc;
 pub mod partition;
 pub mod prepare;
 pub mod rng;
+pub mod rows;
 pub mod scan;
 pub mod schedule;
 pub mod shared_read;

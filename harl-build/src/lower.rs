@@ -86,6 +86,13 @@ enum Attach {
         at: usize,
         step: usize,
     },
+    /// Computed slice by slice of its leading axes inside loop `at` of `target`
+    /// ([`Step::ComputeWithin`]); it keeps its own loops past those axes.
+    Within {
+        target: usize,
+        at: usize,
+        step: usize,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -295,7 +302,7 @@ impl Lowering {
             .get(s)
             .ok_or_else(|| format!("stage {s} does not exist"))?;
         match st.attach {
-            Attach::Root => {}
+            Attach::Root | Attach::Within { .. } => {}
             Attach::Inline => return Err(format!("stage {s} is inlined and has no loops")),
             Attach::At { .. } => {
                 return Err(format!(
@@ -379,6 +386,30 @@ impl Lowering {
                     return Err(format!("target stage {target} is not at the root"));
                 }
                 self.stages[c].attach = Attach::At {
+                    target: *target,
+                    at: *at,
+                    step: index,
+                };
+                self.attached.entry((*target, *at)).or_default().push(c);
+                Ok(())
+            }
+            Step::ComputeWithin { stage, target, at } => {
+                let c = *stage;
+                if c >= self.graph.stages.len() || c <= *target {
+                    return Err(format!(
+                        "stage {c} cannot be computed within stage {target}"
+                    ));
+                }
+                self.check_loop(*target, *at)?;
+                if self.stages[*target].attach != Attach::Root {
+                    return Err(format!("target stage {target} is not at the root"));
+                }
+                if self.stages[c].attach != Attach::Root {
+                    return Err(format!("stage {c} is already attached or inlined"));
+                }
+                // The rest is checked once every step has applied (`check_within`): later
+                // steps may still change either stage's loops.
+                self.stages[c].attach = Attach::Within {
                     target: *target,
                     at: *at,
                     step: index,
@@ -822,6 +853,12 @@ impl Lowering {
     /// Checks every compute_at once all steps (including inlines) are known.
     fn check_attachments(&self) -> Result<(), (usize, String)> {
         for (c, st) in self.stages.iter().enumerate() {
+            if let Attach::Within { target, at, step } = st.attach {
+                self.check_within(c, target, at)
+                    .map_err(|why| (step, why))?;
+            }
+        }
+        for (c, st) in self.stages.iter().enumerate() {
             let Attach::At {
                 target,
                 at,
@@ -879,6 +916,131 @@ impl Lowering {
             }
         }
         Ok(())
+    }
+
+    /// The leading axes of `target` that its loops `0..=at` cover, if they are exactly
+    /// axes `0..k`, each unsplit, spatial, and in a loop that can hold other statements.
+    fn leading_axes(&self, target: usize, at: usize) -> Result<usize, String> {
+        let tst = &self.stages[target];
+        let loops = tst.loops.get(..=at).ok_or_else(|| {
+            format!(
+                "stage {target} has {} loops once scheduled; there is no loop {at} to compute within",
+                tst.loops.len()
+            )
+        })?;
+        let n_axes = self.graph.stages[target].axis_extents().len();
+        let mut axes = Vec::new();
+        for l in loops {
+            if l.reduce || !matches!(l.kind, LoopKind::Serial | LoopKind::Parallel) {
+                return Err(format!(
+                    "loops 0..={at} of stage {target} must be plain spatial loops"
+                ));
+            }
+            for &p in &l.parts {
+                if p >= n_axes || !tst.nodes[p].children.is_empty() {
+                    return Err(format!(
+                        "loops 0..={at} of stage {target} must be whole (unsplit) axes"
+                    ));
+                }
+                axes.push(p);
+            }
+        }
+        axes.sort_unstable();
+        if axes.iter().enumerate().any(|(i, &a)| a != i) {
+            return Err(format!(
+                "loops 0..={at} of stage {target} must be its leading axes"
+            ));
+        }
+        Ok(axes.len())
+    }
+
+    /// Checks a [`Step::ComputeWithin`] of stage `c` in loop `at` of `target` against the
+    /// final state (see the step's documentation for the rules).
+    fn check_within(&self, c: usize, target: usize, at: usize) -> Result<(), String> {
+        let k = self.leading_axes(target, at)?;
+        let tst = &self.stages[target];
+        let st = &self.stages[c];
+        let (cs, ts) = (&self.graph.stages[c], &self.graph.stages[target]);
+        let gpu = |l: &LoopState| {
+            !matches!(
+                l.kind,
+                LoopKind::Serial | LoopKind::Parallel | LoopKind::Vectorized | LoopKind::Unrolled
+            )
+        };
+        if tst.loops.iter().any(gpu) || !tst.shared.is_empty() {
+            return Err("compute_within is for CPU nests".into());
+        }
+        if tst.cache_write.is_some_and(|p| at > p) {
+            return Err(format!(
+                "loop {at} of stage {target} is inside its accumulator block; compute within at or outside it"
+            ));
+        }
+        if cs.n_spatial() < k || cs.shape[..k] != ts.shape[..k] {
+            return Err(format!(
+                "stage {c}'s leading axes differ from stage {target}'s first {k}"
+            ));
+        }
+        let plain = (0..k).all(|i| {
+            st.loops[i].parts == [i]
+                && st.nodes[i].children.is_empty()
+                && st.loops[i].kind == LoopKind::Serial
+        });
+        if !plain {
+            return Err(format!(
+                "stage {c}'s loops 0..{k} must be its leading axes, unsplit and plain"
+            ));
+        }
+        if st.loops[k..]
+            .iter()
+            .any(|l| l.kind == LoopKind::Parallel || gpu(l))
+            || !st.shared.is_empty()
+        {
+            return Err(format!(
+                "stage {c} runs inside a loop of stage {target}; its own loops are serial"
+            ));
+        }
+        if cs.reduce.is_some() {
+            // Its buffer is not filled before the target's nest: the accumulator block starts
+            // every slice at the reduction's identity instead.
+            let ok = st
+                .cache_write
+                .is_some_and(|p| p + 1 >= k && !st.reduces_outside(p));
+            if !ok {
+                return Err(format!(
+                    "stage {c} is a reduction computed within stage {target}: it needs cache_write at loop {} or at a loop inside its reduce loops",
+                    k - 1
+                ));
+            }
+        }
+        // What runs before stage `c` in each slice: the target, then the stages attached to
+        // the same loop ahead of it.
+        let same_loop = self
+            .attached
+            .get(&(target, at))
+            .map_or(&[][..], |v| v.as_slice());
+        let before = same_loop
+            .iter()
+            .position(|&x| x == c)
+            .map_or(&[][..], |i| &same_loop[..i]);
+        let mut bad = None;
+        cs.body.visit(&mut |e| {
+            let Expr::Load(TensorRef::Stage(t), idx) = e else {
+                return;
+            };
+            if *t == target || before.contains(t) {
+                let own = idx.len() >= k && (0..k).all(|i| idx[i] == Expr::Axis(i));
+                if !own {
+                    bad = Some(format!(
+                        "stage {c} reads stage {t} at other than its own leading indices"
+                    ));
+                }
+            } else if *t > target {
+                bad = Some(format!(
+                    "stage {c} reads stage {t}, which is not done when stage {c} runs"
+                ));
+            }
+        });
+        bad.map_or(Ok(()), Err)
     }
 
     fn new_var(&mut self, extent: usize) -> usize {
@@ -962,7 +1124,11 @@ impl Lowering {
         }
         if let Some(consumers) = self.attached.get(&(s, pos)).cloned() {
             for c in consumers {
-                inner.extend(self.emit_epilogue(s, pos, c, env));
+                if matches!(self.stages[c].attach, Attach::Within { .. }) {
+                    inner.extend(self.emit_within(s, pos, c, env)?);
+                } else {
+                    inner.extend(self.emit_epilogue(s, pos, c, env));
+                }
             }
         }
         body.extend(self.guard(s, &lp, env, inner));
@@ -1198,6 +1364,36 @@ impl Lowering {
             kind,
             body,
         }]
+    }
+
+    /// Stage `c`'s own loops past the leading axes that loops `0..=pos` of stage `s` bind
+    /// (checked by `check_within`), with its accumulator block if it has one there.
+    fn emit_within(
+        &mut self,
+        s: usize,
+        pos: usize,
+        c: usize,
+        env: &HashMap<NodeId, usize>,
+    ) -> Result<Vec<Stmt>, (usize, String)> {
+        let step = match self.stages[c].attach {
+            Attach::Within { step, .. } => step,
+            _ => 0,
+        };
+        let k = self.leading_axes(s, pos).map_err(|why| (step, why))?;
+        // The target's root nodes `0..k` are its leading axes, as are stage c's.
+        let mut env_c = HashMap::new();
+        for axis in 0..k {
+            let var = env
+                .get(&axis)
+                .copied()
+                .ok_or((step, format!("axis {axis} of stage {s} is not bound")))?;
+            env_c.insert(axis, var);
+        }
+        let mut body = self.emit_loops(c, k, &mut env_c, &mut Vec::new())?;
+        if self.stages[c].cache_write.is_some_and(|p| p + 1 == k) {
+            body = self.wrap_acc(c, k - 1, &mut env_c, body);
+        }
+        Ok(body)
     }
 
     /// The loops and store of consumer `c`, computed over the tile stage `s` finished at `pos`.

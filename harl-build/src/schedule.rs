@@ -46,6 +46,25 @@ pub enum Step {
         /// Loop position in the producer; every reduce loop of the producer must be inside it.
         at: usize,
     },
+    /// Computes `stage` inside loop `at` of `target`, one slice of its leading axes at a time
+    /// (row fusion: softmax's or layer norm's stages all inside one loop over the rows, each
+    /// row's intermediates still in cache when the next stage reads them).
+    ///
+    /// Loops `0..=at` of `target` must be whole leading spatial axes `0..k` of it (unsplit;
+    /// fused is fine). `stage`'s first `k` axes have the same extents and are its loops
+    /// `0..k`, unsplit and plain; they take the target's values, and its remaining loops (its
+    /// own, as its own steps left them) run in full inside, after the target's loops there.
+    /// Every read of `target` or of a stage computed within the same loop is at those axes'
+    /// own index, and a reduction accumulates in a block (`cache_write`) at loop `k - 1` or
+    /// inside all of its reduce loops, so it needs no pre-filled buffer.
+    ComputeWithin {
+        /// The stage computed within.
+        stage: usize,
+        /// The root stage whose loop it runs in.
+        target: usize,
+        /// Loop position in the target: the last of its leading-axis loops.
+        at: usize,
+    },
     /// Inlines an elementwise stage into its consumers (it gets no buffer or loop of its own).
     ComputeInline {
         /// Stage index.

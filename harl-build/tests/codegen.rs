@@ -30,6 +30,10 @@ fn cases() -> Vec<Case> {
         w::conv2d_transpose(1, 3, 3, 3, 2, 4, 4, 2, 1, 1).expect("conv2d_transpose"),
         w::softmax(3, 20).expect("softmax"),
         w::layer_norm(3, 16).expect("layer_norm"),
+        // Enough rows for row fusion (`compute_within`), rows long enough for vector lanes:
+        // the lanes' horizontal reductions in every variant's widths.
+        w::softmax(9, 80).expect("softmax"),
+        w::layer_norm(8, 64).expect("layer_norm"),
         w::dense_bias_relu(5, 8, 32).expect("dense"),
         f64_math(),
         i32_arith(),
@@ -264,6 +268,11 @@ fn random_legal_and_illegal_schedules_lower_or_fail_cleanly_and_compute_what_the
                 target,
                 at
             }),
+            (field(), field(), field()).prop_map(|(stage, target, at)| Step::ComputeWithin {
+                stage,
+                target,
+                at
+            }),
             field().prop_map(|stage| Step::ComputeInline { stage }),
             (field(), field()).prop_map(|(stage, at)| Step::CacheWrite { stage, at }),
             (field(), field()).prop_map(|(stage, factor)| Step::Rfactor { stage, factor }),
@@ -388,8 +397,20 @@ fn vector_min_max_follow_rusts_nan_rule() {
         Expr::f32(0.0).max(load(x, 0, 1)).min(Expr::f32(1.0)),
     );
     let clip = g.finish().expect("graph");
+    // The row max as one accumulator over a vectorised reduce loop: horizontal reductions of
+    // vectors with NaN lanes (on AVX-512 one 16-lane chunk at a time, on AVX2 8).
+    let horizontal = Schedule {
+        steps: vec![
+            Step::CacheWrite { stage: 0, at: 0 },
+            Step::Vectorize { stage: 0, at: 1 },
+        ],
+    };
     let mut cases = Vec::new();
-    for graph in [row_max, clip] {
+    for (graph, schedule) in [
+        (row_max.clone(), None),
+        (clip, None),
+        (row_max, Some(horizontal)),
+    ] {
         let mut inputs = data(&graph, 3);
         for v in inputs[0].iter_mut().step_by(5) {
             *v = f64::NAN;
@@ -398,7 +419,7 @@ fn vector_min_max_follow_rusts_nan_rule() {
         let want = interp::run(&graph, &refs).expect("interpreter");
         assert!(want.iter().all(|v| !v.is_nan()), "the reference skips NaNs");
         cases.push(Case {
-            schedule: default_schedule(&graph, &CpuTarget::host()),
+            schedule: schedule.unwrap_or_else(|| default_schedule(&graph, &CpuTarget::host())),
             graph,
             inputs,
             want,

@@ -150,11 +150,12 @@ fn default_schedules_of_the_op_library_match() {
 fn random_schedules_are_not_trivial() {
     // The sampler must actually exercise the transforms, or the property tests prove little.
     let conv = harl_te::ops::workloads::conv2d(1, 3, 6, 5, 4, 3, 3, 1, 1, 1, 1).expect("conv2d");
-    let graphs = [matmul(8, 12, 10, true), conv];
+    let softmax = harl_te::ops::workloads::softmax(9, 40).expect("softmax");
+    let graphs = [matmul(8, 12, 10, true), conv, softmax];
     let mut kinds = std::collections::BTreeSet::new();
     let mut total = 0;
     for seed in 0..40 {
-        let s = random_schedule(&graphs[seed as usize % 2], seed, 24);
+        let s = random_schedule(&graphs[seed as usize % 3], seed, 24);
         total += s.steps.len();
         for st in &s.steps {
             kinds.insert(
@@ -175,6 +176,7 @@ fn random_schedules_are_not_trivial() {
         "Parallel",
         "Unroll",
         "ComputeAt",
+        "ComputeWithin",
         "ComputeInline",
     ] {
         assert!(kinds.contains(k), "no {k} step sampled: {kinds:?}");
@@ -328,6 +330,7 @@ fn default_row_reductions_split_into_lanes_and_match() {
         w::layer_norm(3, 512).expect("layer_norm"),
     ] {
         let s = default_schedule(&g, &target);
+        check(&g, &s, 5);
         let rfactors = s
             .steps
             .iter()
@@ -342,4 +345,207 @@ fn default_row_reductions_split_into_lanes_and_match() {
         .steps
         .iter()
         .any(|st| matches!(st, harl_build::schedule::Step::Rfactor { .. })));
+}
+
+/// Softmax with every stage computed within the partial max's row loop (row fusion): the
+/// reductions accumulate per row in blocks, the elementwise stages keep their own vector
+/// loops, and the result is the interpreter's.
+fn softmax_within(cache_write_sum: bool) -> Schedule {
+    let mut steps = vec![
+        // 0 max_rf [rows, 8], 1 max, 2 exp, 3 sum_rf, 4 sum, 5 softmax.
+        Step::Rfactor {
+            stage: 0,
+            factor: 8,
+        },
+        Step::Rfactor {
+            stage: 3,
+            factor: 8,
+        },
+        Step::Reorder {
+            stage: 0,
+            order: vec![0, 2, 1],
+        },
+        Step::CacheWrite { stage: 0, at: 0 },
+        Step::Vectorize { stage: 0, at: 2 },
+        Step::Parallel { stage: 0, at: 0 },
+        Step::CacheWrite { stage: 1, at: 0 },
+        Step::ComputeWithin {
+            stage: 1,
+            target: 0,
+            at: 0,
+        },
+        Step::Split {
+            stage: 2,
+            at: 1,
+            factors: vec![8],
+        },
+        Step::Vectorize { stage: 2, at: 2 },
+        Step::ComputeWithin {
+            stage: 2,
+            target: 0,
+            at: 0,
+        },
+        Step::Reorder {
+            stage: 3,
+            order: vec![0, 2, 1],
+        },
+        Step::CacheWrite { stage: 3, at: 0 },
+        Step::Vectorize { stage: 3, at: 2 },
+        Step::ComputeWithin {
+            stage: 3,
+            target: 0,
+            at: 0,
+        },
+    ];
+    if cache_write_sum {
+        steps.push(Step::CacheWrite { stage: 4, at: 0 });
+    }
+    steps.extend([
+        Step::ComputeWithin {
+            stage: 4,
+            target: 0,
+            at: 0,
+        },
+        Step::Split {
+            stage: 5,
+            at: 1,
+            factors: vec![16],
+        },
+        Step::ComputeWithin {
+            stage: 5,
+            target: 0,
+            at: 0,
+        },
+    ]);
+    Schedule { steps }
+}
+
+#[test]
+fn compute_within_fuses_softmax_rows() {
+    // 40 columns: the softmax's 16-wide split overruns and is guarded.
+    let g = harl_te::ops::workloads::softmax(6, 40).expect("softmax");
+    let s = softmax_within(true);
+    check(&g, &s, 7);
+    let program = lower(&g, &s).expect("lowers");
+    assert_eq!(program.nests.len(), 1, "one nest over the rows");
+    // Without its accumulator block, the sum would need a pre-filled buffer: refused.
+    let err = lower(&g, &softmax_within(false)).expect_err("needs cache_write");
+    assert!(err.to_string().contains("cache_write"), "{err}");
+}
+
+#[test]
+fn compute_within_rejects_what_it_cannot_compute_per_row() {
+    let g = harl_te::ops::workloads::softmax(6, 40).expect("softmax");
+    // 0 max [6] reduce 40, 1 exp, 2 sum, 3 softmax.
+    let within = |stage, target, at| Step::ComputeWithin { stage, target, at };
+    let cases: Vec<Vec<Step>> = vec![
+        // The target's row loop split: its loops 0..=0 are no longer a whole axis.
+        vec![
+            Step::Split {
+                stage: 0,
+                at: 0,
+                factors: vec![2],
+            },
+            within(1, 0, 0),
+        ],
+        // The consumer's row loop split.
+        vec![
+            Step::Split {
+                stage: 1,
+                at: 0,
+                factors: vec![3],
+            },
+            within(1, 0, 0),
+        ],
+        // The consumer parallel.
+        vec![Step::Parallel { stage: 1, at: 0 }, within(1, 0, 0)],
+        // Within a reduce loop of the target.
+        vec![within(1, 0, 1)],
+        // Stage 3 reads stage 2, which runs after the target's nest and is not within it.
+        vec![within(3, 0, 0)],
+        // Reads stage 2 before it is computed (attached after stage 3).
+        vec![
+            within(1, 0, 0),
+            within(3, 0, 0),
+            Step::CacheWrite { stage: 2, at: 0 },
+            within(2, 0, 0),
+        ],
+        // Backwards, itself, out of range.
+        vec![within(0, 1, 0)],
+        vec![within(1, 1, 0)],
+        vec![within(9, 0, 0)],
+        vec![within(1, 0, 7)],
+    ];
+    for steps in cases {
+        let s = Schedule {
+            steps: steps.clone(),
+        };
+        assert!(lower(&g, &s).is_err(), "{steps:?} should be rejected");
+    }
+    // A consumer that reads the target at another row: a transposed read of a square matrix.
+    let mut b = harl_te::GraphBuilder::new();
+    let x = b.input("x", &[8, 8], harl_te::DType::F32);
+    let e = b.compute(
+        "e",
+        &[8, 8],
+        harl_te::DType::F32,
+        harl_te::load(x, vec![harl_te::Expr::Axis(0), harl_te::Expr::Axis(1)]).exp(),
+    );
+    b.compute(
+        "t",
+        &[8, 8],
+        harl_te::DType::F32,
+        harl_te::load(e, vec![harl_te::Expr::Axis(1), harl_te::Expr::Axis(0)]),
+    );
+    let t = b.finish().expect("graph");
+    let s = Schedule {
+        steps: vec![within(1, 0, 0)],
+    };
+    let err = lower(&t, &s).expect_err("reads another row");
+    assert!(err.to_string().contains("leading indices"), "{err}");
+    // The same at its own row lowers and matches.
+    let mut b = harl_te::GraphBuilder::new();
+    let x = b.input("x", &[8, 8], harl_te::DType::F32);
+    let e = b.compute(
+        "e",
+        &[8, 8],
+        harl_te::DType::F32,
+        harl_te::load(x, vec![harl_te::Expr::Axis(0), harl_te::Expr::Axis(1)]).exp(),
+    );
+    b.compute(
+        "t",
+        &[8, 8],
+        harl_te::DType::F32,
+        harl_te::load(e, vec![harl_te::Expr::Axis(0), harl_te::Expr::Axis(1)])
+            + harl_te::load(e, vec![harl_te::Expr::Axis(0), harl_te::Expr::int(0)]),
+    );
+    let ok = b.finish().expect("graph");
+    check(&ok, &s, 2);
+}
+
+/// The default schedule computes softmax and layer norm row by row in one parallel nest when
+/// there are enough rows (and their lane reductions vectorised), and matches the interpreter.
+#[test]
+fn default_row_chains_are_one_nest_and_match() {
+    use harl_te::ops::workloads as w;
+    for target in [CpuTarget::host(), CpuTarget::portable()] {
+        for g in [
+            w::softmax(16, 256).expect("softmax"),
+            w::softmax(12, 40).expect("softmax"),
+            w::layer_norm(9, 512).expect("layer_norm"),
+            w::layer_norm(10, 30).expect("layer_norm"),
+        ] {
+            let s = default_schedule(&g, &target);
+            assert!(
+                s.steps
+                    .iter()
+                    .any(|st| matches!(st, Step::ComputeWithin { .. })),
+                "{:?}",
+                s.steps
+            );
+            let program = lower(&g, &s).expect("lowers");
+            assert_eq!(program.nests.len(), 1, "{:?}", s.steps);
+            check(&g, &s, 6);
+        }
+    }
 }

@@ -107,6 +107,11 @@ pub enum FuzzStep {
         target: Num,
         at: Num,
     },
+    ComputeWithin {
+        stage: Num,
+        target: Num,
+        at: Num,
+    },
     ComputeInline {
         stage: Num,
     },
@@ -169,6 +174,11 @@ impl FuzzStep {
                 at: at.0,
             },
             FuzzStep::ComputeAt { stage, target, at } => Step::ComputeAt {
+                stage: stage.0,
+                target: target.0,
+                at: at.0,
+            },
+            FuzzStep::ComputeWithin { stage, target, at } => Step::ComputeWithin {
                 stage: stage.0,
                 target: target.0,
                 at: at.0,

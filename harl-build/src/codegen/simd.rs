@@ -83,6 +83,34 @@ impl Width {
         };
         format!("{{ let __a = {a}; let __b = {b}; {pick} }}")
     }
+    /// The reduction of vector `v`'s lanes by `op` to one `f32`, as a tree. Max and min skip
+    /// NaN lanes (each becomes the identity first), as a chain of `f32::max` does; a sum is
+    /// reassociated.
+    fn horizontal(self, op: ReduceOp, v: &str) -> String {
+        let p = self.prefix;
+        let (name, ident) = match op {
+            ReduceOp::Sum => ("add", None),
+            ReduceOp::Max => ("max", Some("f32::NEG_INFINITY")),
+            ReduceOp::Min => ("min", Some("f32::INFINITY")),
+        };
+        let lanes = match ident {
+            None => v.to_string(),
+            Some(i) if self.lanes == 16 => format!(
+                "_mm512_mask_blend_ps(_mm512_cmp_ps_mask::<3>({v}, {v}), {v}, _mm512_set1_ps({i}))"
+            ),
+            Some(i) => format!("{p}_blendv_ps({v}, {p}_set1_ps({i}), {p}_cmp_ps::<3>({v}, {v}))"),
+        };
+        let quad = match self.lanes {
+            16 => return format!("{{ let __v = {lanes}; _mm512_reduce_{name}_ps(__v) }}"),
+            8 => format!(
+                "_mm_{name}_ps(_mm256_castps256_ps128(__v), _mm256_extractf128_ps::<1>(__v))"
+            ),
+            _ => "__v".to_string(),
+        };
+        format!(
+            "{{ let __v = {lanes}; let __q = {quad}; let __q = _mm_{name}_ps(__q, _mm_movehl_ps(__q, __q)); _mm_cvtss_f32(_mm_{name}_ss(__q, _mm_shuffle_ps::<1>(__q, __q))) }}"
+        )
+    }
     fn combine(self, op: ReduceOp, cur: &str, v: &str) -> String {
         match op {
             ReduceOp::Sum => self.op("add", &[cur, v]),
@@ -181,6 +209,25 @@ impl Cx<'_> {
     /// The vector form of `stmt` at the chunk starting at `v{var}`.
     fn vector_stmt(&mut self, w: Width, var: usize, stmt: &Stmt) -> Option<String> {
         match stmt {
+            Stmt::AccUpdate { index, op, value } if coefficient(index, var)? == 0 => {
+                // A vectorised reduce loop into one accumulator element: the chunk's lanes
+                // reduced as a tree (a schedule that vectorises a reduce loop reassociates it,
+                // as rfactor does), then combined into the element.
+                if self.p.graph.stages[self.stage].dtype != DType::F32 {
+                    return None;
+                }
+                let v = self.vector_expr(w, var, value)?;
+                let h = w.horizontal(*op, "__v0");
+                let new = match op {
+                    ReduceOp::Sum => "*__a + __h",
+                    ReduceOp::Max => "(*__a).max(__h)",
+                    ReduceOp::Min => "(*__a).min(__h)",
+                };
+                let i = self.idx(index);
+                Some(format!(
+                    "{{ let __v0 = {v}; let __h = {h}; let __a = acc.get_unchecked_mut(({i}) as usize); *__a = {new}; }}"
+                ))
+            }
             Stmt::AccUpdate { index, op, value } => {
                 if self.p.graph.stages[self.stage].dtype != DType::F32
                     || coefficient(index, var)? != 1
@@ -385,6 +432,20 @@ mod tests {
             "{src}"
         );
         assert!(src.contains("in 12isize..13isize"), "{src}");
+    }
+
+    #[test]
+    fn row_chains_reduce_their_lanes_horizontally() {
+        let g = w::softmax(64, 256).expect("softmax");
+        let avx512 = nest_source(&g, Variant::Avx512);
+        for op in ["_mm512_reduce_max_ps", "_mm512_reduce_add_ps"] {
+            assert!(avx512.contains(op), "{op}: {avx512}");
+        }
+        let avx2 = nest_source(&g, Variant::Avx2);
+        assert!(
+            avx2.contains("_mm256_extractf128_ps::<1>") && avx2.contains("_mm_max_ss"),
+            "{avx2}"
+        );
     }
 
     #[test]

@@ -111,12 +111,14 @@ pub fn random_schedule(graph: &Graph, seed: u64, attempts: usize) -> Schedule {
     }
     for _ in 0..attempts / 2 {
         let step = if rng.below(2) == 0 {
-            // Consumers attach to earlier stages, near the outside of their nest.
+            // Consumers attach to earlier stages, near the outside of their nest: over the
+            // tile the target finished there, or (within) over their own rest of its rows.
             let stage = 1 + rng.below(n.max(2) - 1);
-            Step::ComputeAt {
-                stage: stage.min(n - 1),
-                target: rng.below(stage),
-                at: rng.below(3),
+            let (stage, target, at) = (stage.min(n - 1), rng.below(stage), rng.below(3));
+            if rng.below(3) == 0 {
+                Step::ComputeWithin { stage, target, at }
+            } else {
+                Step::ComputeAt { stage, target, at }
             }
         } else {
             Step::CacheWrite {
