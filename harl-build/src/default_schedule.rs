@@ -292,6 +292,27 @@ fn widen_lanes(graph: &Graph, s: usize, lanes: usize) -> usize {
         .unwrap_or(lanes)
 }
 
+/// A reduction with spatial axes past the rows (a depthwise convolution within its padding,
+/// per channel): the reduce loops inside the other spatial loops, the last spatial axis
+/// innermost and vectorised, accumulated in a block along it.
+fn emit_plane_reduction(steps: &mut Vec<Step>, graph: &Graph, s: usize, k: usize) {
+    let stage = &graph.stages[s];
+    let ns = stage.n_spatial();
+    let n_axes = stage.axis_extents().len();
+    let order: Vec<usize> = (0..ns - 1).chain(ns..n_axes).chain([ns - 1]).collect();
+    steps.push(Step::Reorder { stage: s, order });
+    steps.push(Step::CacheWrite {
+        stage: s,
+        at: (ns - 1).max(k) - 1,
+    });
+    if stage.shape[ns - 1] >= 4 {
+        steps.push(Step::Vectorize {
+            stage: s,
+            at: n_axes - 1,
+        });
+    }
+}
+
 /// Where a stage sits in a row chain.
 #[derive(Clone, Copy)]
 struct RowRole {
@@ -323,6 +344,10 @@ fn emit_row_member(
 ) {
     let stage = &graph.stages[s];
     let ns = stage.n_spatial();
+    if stage.reduce.is_some() && ns > k {
+        emit_plane_reduction(steps, graph, s, k);
+        return;
+    }
     if stage.reduce.is_some() {
         if first && lanes.is_none() {
             fuse_rows(steps, s, k);
@@ -341,7 +366,12 @@ fn emit_row_member(
         }
         return;
     }
-    if ns == k {
+    if first {
+        fuse_rows(steps, s, k);
+        steps.push(Step::Parallel { stage: s, at: 0 });
+    }
+    // A padding stage keeps plain loops: partitioning gives them a select-free interior.
+    if ns == k || has_select(&stage.body) {
         return;
     }
     let lanes = (target.vector_bytes / elem_bytes(stage.dtype)).max(1);

@@ -28,11 +28,18 @@ pub struct RowChain {
     pub k: usize,
 }
 
-/// The row chains of `graph` once the stages marked in `inlined` are inlined: each starts at
-/// a reduction whose spatial axes are the rows (`k` = its spatial rank) and takes the
-/// materialised stages after it while each has those rows as leading axes, reduces (if it
-/// does) over one axis of the rest of the row only, reads an earlier member, and reads
-/// members only at its own row.
+/// The row chains of `graph` once the stages marked in `inlined` are inlined. A chain starts
+/// at either
+/// - a reduction over one axis whose spatial axes are the rows (`k` = its spatial rank):
+///   softmax's max, layer norm's mean; or
+/// - a padding stage (a select) that the next materialised stage, a reduction, reads at its
+///   own index along the leading `k` axes (batch and channel of a depthwise convolution):
+///   each channel's padded plane is made just before the convolution reads it, while it is
+///   in cache, instead of the whole padded copy going through memory first;
+///
+/// and takes the materialised stages after it while each has those rows as leading axes,
+/// reduces (if it does, and is not a padding stage's convolution) over one axis of the rest
+/// of the row only, reads an earlier member, and reads members only at its own row.
 pub fn row_chains(graph: &Graph, inlined: &[bool]) -> Vec<RowChain> {
     let kept: Vec<usize> = (0..graph.stages.len())
         .filter(|&s| !inlined.get(s).copied().unwrap_or(false))
@@ -42,16 +49,24 @@ pub fn row_chains(graph: &Graph, inlined: &[bool]) -> Vec<RowChain> {
     while i < kept.len() {
         let first = kept[i];
         let stage = &graph.stages[first];
-        let k = stage.n_spatial();
         let row_reduction = stage.reduce.as_ref().is_some_and(|r| r.extents.len() == 1);
-        if !row_reduction || k == 0 {
+        let start = if row_reduction {
+            Some((stage.n_spatial(), false))
+        } else {
+            kept.get(i + 1)
+                .and_then(|&c| padded_rows(graph, inlined, first, c))
+                .map(|k| (k, true))
+        };
+        let Some((k, padded)) = start.filter(|&(k, _)| k > 0) else {
             i += 1;
             continue;
-        }
+        };
         let rows = &stage.shape[..k];
         let mut members = vec![first];
         for &c in &kept[i + 1..] {
-            if !joins(graph, inlined, &members, rows, c) {
+            // Only a padding stage's own consumer reduces over more than the rest of a row.
+            let plane = padded && members.len() == 1;
+            if !joins(graph, inlined, &members, rows, c, plane) {
                 break;
             }
             members.push(c);
@@ -74,15 +89,54 @@ pub fn row_chains(graph: &Graph, inlined: &[bool]) -> Vec<RowChain> {
     chains
 }
 
-/// Whether stage `c` can join a chain of `members` over `rows`.
-fn joins(graph: &Graph, inlined: &[bool], members: &[usize], rows: &[usize], c: usize) -> bool {
+/// The leading axes along which reduction `c` reads padding stage `p` (a stage with a
+/// select) at its own index, short of `p`'s whole rank; none if `c` does not read `p` so.
+fn padded_rows(graph: &Graph, inlined: &[bool], p: usize, c: usize) -> Option<usize> {
+    let (ps, cs) = (&graph.stages[p], &graph.stages[c]);
+    let mut select = false;
+    ps.body
+        .visit(&mut |e| select |= matches!(e, Expr::Select(..)));
+    if !select || ps.reduce.is_some() || cs.reduce.is_none() {
+        return None;
+    }
+    let mut k = ps.n_spatial().min(cs.n_spatial());
+    while k > 0 && ps.shape[..k] != cs.shape[..k] {
+        k -= 1;
+    }
+    let mut reads = false;
+    inlined_body(graph, inlined, c).visit(&mut |e| {
+        if let Expr::Load(TensorRef::Stage(t), idx) = e {
+            if *t == p {
+                reads = true;
+                let own = (0..k.min(idx.len()))
+                    .take_while(|&a| idx[a] == Expr::Axis(a))
+                    .count();
+                k = k.min(own);
+            }
+        }
+    });
+    // Two axes at least (batch and channel): over the batch alone, a dense convolution would
+    // lose its register tiles for little.
+    (reads && k >= 2 && k < ps.n_spatial()).then_some(k)
+}
+
+/// Whether stage `c` can join a chain of `members` over `rows`; `plane`: it may reduce over
+/// any axes and keep spatial axes past the rows (a padding stage's convolution).
+fn joins(
+    graph: &Graph,
+    inlined: &[bool],
+    members: &[usize],
+    rows: &[usize],
+    c: usize,
+    plane: bool,
+) -> bool {
     let cs = &graph.stages[c];
     let k = rows.len();
     if cs.n_spatial() < k || cs.shape[..k] != *rows {
         return false;
     }
     if let Some(r) = &cs.reduce {
-        if r.extents.len() != 1 || cs.n_spatial() != k {
+        if !plane && (r.extents.len() != 1 || cs.n_spatial() != k) {
             return false;
         }
     }
@@ -145,6 +199,21 @@ mod tests {
         let chains = row_chains(&g, &none);
         assert_eq!(chains.len(), 1);
         assert_eq!(chains[0].members.len(), g.stages.len());
+    }
+
+    #[test]
+    fn a_depthwise_convolution_runs_within_its_padding_per_channel() {
+        // pad [1, 16, 16, 16], depthwise conv [1, 16, 7, 7] (stride 2): rows are (n, c).
+        let g = w::depthwise_conv2d(1, 16, 14, 14, 3, 3, 2, 1, 1).expect("depthwise");
+        let none = vec![false; g.stages.len()];
+        let chains = row_chains(&g, &none);
+        assert_eq!(chains.len(), 1, "{chains:?}");
+        assert_eq!(chains[0].k, 2);
+        assert_eq!(chains[0].members[..2], [0, 1]);
+        // A dense convolution reads every channel of its padded input: no chain.
+        let g = w::conv2d(1, 16, 14, 14, 16, 3, 3, 1, 1, 1, 1).expect("conv2d");
+        let none = vec![false; g.stages.len()];
+        assert!(row_chains(&g, &none).is_empty());
     }
 
     #[test]

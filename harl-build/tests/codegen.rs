@@ -34,6 +34,9 @@ fn cases() -> Vec<Case> {
         // the lanes' horizontal reductions in every variant's widths.
         w::softmax(9, 80).expect("softmax"),
         w::layer_norm(8, 64).expect("layer_norm"),
+        // A depthwise convolution within its padding, channel by channel, its stride-2 reads
+        // as vector loads and permutes.
+        w::depthwise_conv2d(1, 8, 11, 11, 3, 3, 2, 1, 1).expect("depthwise s2"),
         w::dense_bias_relu(5, 8, 32).expect("dense"),
         f64_math(),
         i32_arith(),

@@ -534,6 +534,8 @@ fn default_row_chains_are_one_nest_and_match() {
             w::softmax(12, 40).expect("softmax"),
             w::layer_norm(9, 512).expect("layer_norm"),
             w::layer_norm(10, 30).expect("layer_norm"),
+            w::depthwise_conv2d(1, 16, 14, 14, 3, 3, 2, 1, 1).expect("depthwise s2"),
+            w::depthwise_conv2d(2, 8, 9, 9, 3, 3, 1, 1, 1).expect("depthwise s1"),
         ] {
             let s = default_schedule(&g, &target);
             assert!(

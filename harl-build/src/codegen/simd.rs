@@ -64,6 +64,23 @@ impl Width {
     fn load(self, ptr: &str) -> String {
         self.op("loadu", &[ptr])
     }
+    /// The elements at `ptr[0], ptr[2], .., ptr[2 * (lanes - 1)]` (a stride-2 read: a strided
+    /// convolution's or pooling's input row): two loads, the second masked to end at the last
+    /// element the lanes read, so nothing past the scalar reads is touched, then the even
+    /// elements gathered by a permute.
+    fn load_even(self, ptr: &str) -> String {
+        match self.lanes {
+            16 => format!(
+                "{{ let __s = {ptr}; _mm512_permutex2var_ps(_mm512_loadu_ps(__s), _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30), _mm512_maskz_loadu_ps(0x7fff, __s.add(16))) }}"
+            ),
+            8 => format!(
+                "{{ let __s = {ptr}; let __t = _mm256_shuffle_ps::<0b10_00_10_00>(_mm256_loadu_ps(__s), _mm256_maskload_ps(__s.add(8), _mm256_setr_epi32(-1, -1, -1, -1, -1, -1, -1, 0))); _mm256_castpd_ps(_mm256_permute4x64_pd::<0b11_01_10_00>(_mm256_castps_pd(__t))) }}"
+            ),
+            _ => format!(
+                "{{ let __s = {ptr}; _mm_shuffle_ps::<0b10_00_10_00>(_mm_loadu_ps(__s), _mm_maskload_ps(__s.add(4), _mm_setr_epi32(-1, -1, -1, 0))) }}"
+            ),
+        }
+    }
     fn splat(self, x: &str) -> String {
         self.op("set1", &[x])
     }
@@ -333,6 +350,10 @@ impl Cx<'_> {
                 0 => {
                     let (s, _) = self.expr(e);
                     Some(w.splat(&s))
+                }
+                2 => {
+                    let ptr = self.address(*t, idx);
+                    Some(w.load_even(&ptr))
                 }
                 _ => None,
             },
