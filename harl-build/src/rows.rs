@@ -49,7 +49,8 @@ pub fn row_chains(graph: &Graph, inlined: &[bool]) -> Vec<RowChain> {
     while i < kept.len() {
         let first = kept[i];
         let stage = &graph.stages[first];
-        let row_reduction = stage.reduce.as_ref().is_some_and(|r| r.extents.len() == 1);
+        let row_reduction = stage.reduce.as_ref().is_some_and(|r| r.extents.len() == 1)
+            && walks_rows(&inlined_body(graph, inlined, first), stage.n_spatial());
         let start = if row_reduction {
             Some((stage.n_spatial(), false))
         } else {
@@ -87,6 +88,28 @@ pub fn row_chains(graph: &Graph, inlined: &[bool]) -> Vec<RowChain> {
         }
     }
     chains
+}
+
+/// Whether a reduction's body (spatial axes `0..ns`, reduce axis `ns`) walks each row of
+/// what it reads along the reduction: the last index of every load uses no spatial axis, and
+/// some load's last index is the reduction. A matmul's or convolution's right operand varies
+/// along the output's axes in its last index instead: those are tiled, not fused by rows.
+fn walks_rows(body: &Expr, ns: usize) -> bool {
+    let mut along = false;
+    let mut across = false;
+    body.visit(&mut |e| {
+        if let Expr::Load(_, idx) = e {
+            if let Some(last) = idx.last() {
+                last.visit(&mut |x| {
+                    if let Expr::Axis(a) = x {
+                        along |= *a == ns;
+                        across |= *a < ns;
+                    }
+                });
+            }
+        }
+    });
+    along && !across
 }
 
 /// The leading axes along which reduction `c` reads padding stage `p` (a stage with a
@@ -219,6 +242,9 @@ mod tests {
     #[test]
     fn matmuls_few_rows_and_wide_rows_are_not_chains() {
         let g = w::matmul(64, 64, 64).expect("matmul");
+        assert!(row_chains(&g, &vec![false; g.stages.len()]).is_empty());
+        // Nor a dense layer whose bias reads the product at its own index.
+        let g = w::dense_bias_relu(64, 64, 64).expect("dense");
         assert!(row_chains(&g, &vec![false; g.stages.len()]).is_empty());
         let g = w::softmax(2, 128).expect("softmax");
         assert!(row_chains(&g, &vec![false; g.stages.len()]).is_empty());
