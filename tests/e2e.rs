@@ -673,3 +673,94 @@ fn main() {
         run.context()
     );
 }
+
+/// ONNX models in, `Model`s out: a fresh crate registers the CNN and the encoder layer of
+/// harl-te's import tests with `Builder::onnx`, runs each (twice, the second time on the same
+/// buffers) and compares with onnxruntime's output; a model with an op harl does not import fails the build with a
+/// message naming it.
+#[test]
+fn an_onnx_model_builds_into_a_model_that_matches_onnxruntime() {
+    let krate = new_crate("harl-e2e-onnx");
+    let manifest_path = krate.path().join("Cargo.toml");
+    let manifest = std::fs::read_to_string(&manifest_path).unwrap();
+    let build_dep = format!(
+        "harl-build = {{ path = '{}' }}",
+        workspace().join("harl-build").display()
+    );
+    assert!(manifest.contains(&build_dep));
+    let manifest = manifest.replace(
+        &build_dep,
+        &format!(
+            "harl-build = {{ path = '{}', features = [\"onnx\"] }}",
+            workspace().join("harl-build").display()
+        ),
+    );
+    std::fs::write(&manifest_path, manifest).unwrap();
+    let fixtures = workspace().join("harl-te/tests/onnx");
+    let build = |models: &[(&str, &str)]| {
+        let calls: String = models
+            .iter()
+            .map(|(name, file)| {
+                format!(".onnx(\"{name}\", r\"{}\")", fixtures.join(file).display())
+            })
+            .collect();
+        format!("fn main() {{\n    harl_build::Builder::new(){calls}.compile();\n}}\n")
+    };
+    let models = [("cnn", "cnn.onnx"), ("encoder", "encoder.onnx")];
+    std::fs::write(krate.path().join("build.rs"), build(&models)).unwrap();
+    let main = format!(
+        r#####"harl::include_kernels!();
+
+fn floats(path: &str) -> Vec<f32> {{
+    std::fs::read(path)
+        .expect("fixture")
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}}
+
+macro_rules! check {{
+    ($model:ident, $dir:expr) => {{{{
+        let x = floats(&format!("{{}}/{{}}.in.bin", $dir, stringify!($model)));
+        let want = floats(&format!("{{}}/{{}}.out.bin", $dir, stringify!($model)));
+        assert_eq!(x.len(), $model::INPUT_SHAPE.iter().product::<usize>());
+        let mut model = $model::Model::new().expect("weights");
+        for _ in 0..2 {{{{
+            let mut got = vec![f32::NAN; want.len()];
+            model.run(&x, &mut got).expect("lengths");
+            let scale = want.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
+            for (g, w) in got.iter().zip(&want) {{{{
+                assert!((g - w).abs() <= 1e-4 * scale, "{{g}} vs onnxruntime's {{w}}");
+            }}}}
+        }}}}
+        assert!(model.run(&x[1..], &mut vec![0.0; want.len()]).is_err());
+    }}}};
+}}
+
+fn main() {{
+    check!(cnn, r"{dir}");
+    check!(encoder, r"{dir}");
+    println!("ONNX OK");
+}}
+"#####,
+        dir = fixtures.display(),
+    );
+    std::fs::write(krate.path().join("src/main.rs"), main).unwrap();
+    let run = Run::of(cargo_run(krate.path(), None));
+    assert!(
+        run.success && run.stdout.contains("ONNX OK"),
+        "{}",
+        run.context()
+    );
+    std::fs::write(
+        krate.path().join("build.rs"),
+        build(&[("bad", "unsupported.onnx")]),
+    )
+    .unwrap();
+    let run = Run::of(cargo_run(krate.path(), None));
+    assert!(
+        !run.success && run.stderr.contains("unsupported ONNX op `Concat`"),
+        "{}",
+        run.context()
+    );
+}
