@@ -11,6 +11,7 @@
 
 mod compare;
 mod dataset;
+mod e2e;
 mod fidelity;
 mod gpu;
 mod harness;
@@ -133,6 +134,9 @@ enum Command {
     /// The latency the measurer records for a schedule against what a user's release binary,
     /// built from that record, measures for it (same threads, inputs alike).
     Fidelity(fidelity::Options),
+    /// A whole ONNX network built by harl as a user's crate builds it, against onnxruntime on
+    /// the same file (scripts/make_networks.py makes ResNet-50, MobileNet-V2, BERT-base).
+    E2e(e2e::Options),
     /// Tune a published set of workloads and store every measured trial: the cost models'
     /// warm-start dataset (`--split train`, shipped in harl-tune) or held-out records
     /// (`--split eval`).
@@ -213,6 +217,7 @@ fn run(command: Command) -> Result<(), Error> {
         Command::Math { rounds } => math::run(rounds),
         Command::Models(options) => models::run(&options),
         Command::Fidelity(options) => fidelity::run(&options),
+        Command::E2e(options) => e2e::run(&options),
         Command::Dataset(options) => dataset::run(&options),
         Command::TransferEval(options) => transfer_eval::run(&options),
         Command::List => {

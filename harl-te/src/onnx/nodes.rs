@@ -316,6 +316,9 @@ impl Converter<'_> {
             pads
         };
         self.start(node)?;
+        // The activation first, then the weights: the kernel's inputs in the order the op
+        // library's convolutions take them.
+        let mut x = self.tensor(x_arg, node)?;
         let (w, bias) = match self.folded.get(node).copied() {
             Some((wv, bv)) => {
                 let ws = self.values[wv].shape.clone();
@@ -330,7 +333,6 @@ impl Converter<'_> {
                 (w, b)
             }
         };
-        let mut x = self.tensor(x_arg, node)?;
         let [t, l, bo, r] = pads;
         let symmetric = t == bo && l == r;
         if !symmetric {
