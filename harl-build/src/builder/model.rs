@@ -216,7 +216,8 @@ pub(super) fn emit_model(
             return Err(format!("call {c} writes a non-buffer"));
         };
         run_args.push(format!("&mut __out[..{}]", len(call.output)));
-        let _ = writeln!(run, "            // {}: {}", kernel, call.nodes.join(", "));
+        // Node names come from the model file: quoted (escaped), never raw in the source.
+        let _ = writeln!(run, "            // {kernel}: {:?}", call.nodes.join(", "));
         let invoke = if prep_args.is_empty() {
             format!("super::{kernel}::run({})", run_args.join(", "))
         } else {
@@ -332,4 +333,89 @@ pub mod {name} {{
             .collect::<String>(),
         bufs = bufs.join(", "),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use harl_te::onnx::{Call, Task, Value};
+
+    /// A one-call network: relu of a 4-vector, the call named `nodes`.
+    fn relu_net(nodes: &str) -> Network {
+        let mut b = harl_te::GraphBuilder::new();
+        let x = b.input("x", &[4], harl_te::DType::F32);
+        harl_te::ops::relu(&mut b, x).expect("relu");
+        let graph = b.finish().expect("graph");
+        let value = |name: &str, kind| Value {
+            name: name.into(),
+            shape: vec![4],
+            kind,
+        };
+        Network {
+            values: vec![
+                value("x", ValueKind::Input),
+                value("y", ValueKind::Computed),
+            ],
+            inputs: vec![0],
+            output: 1,
+            tasks: vec![Task {
+                name: "relu".into(),
+                graph,
+                weight: 1,
+            }],
+            calls: vec![Call {
+                task: 0,
+                inputs: vec![0],
+                output: 1,
+                nodes: vec![nodes.into()],
+            }],
+        }
+    }
+
+    #[test]
+    fn node_names_from_the_file_never_reach_the_source_raw() {
+        let evil = "a\n}\nfn injected() {}\n//";
+        let (_, offsets) = weights_blob(&relu_net(evil));
+        let src = emit_model("m", &relu_net(evil), &offsets, "m.weights").expect("emits");
+        // Quoted and escaped in the comment and in `CALLS`: never a line of its own.
+        assert!(!src.contains("\nfn injected"), "{src}");
+        assert!(src.contains(r#"a\n}\nfn injected() {}\n//"#), "{src}");
+        assert!(
+            src.contains("super::m_t0::run(input, &mut __out[..4])"),
+            "{src}"
+        );
+    }
+
+    #[test]
+    fn buffers_are_reused_once_their_values_are_read_for_the_last_time() {
+        // x -> a -> b -> c -> out: each value read once, by the next call.
+        let mut net = relu_net("r");
+        net.values = ["x", "a", "b", "c"]
+            .iter()
+            .enumerate()
+            .map(|(i, n)| Value {
+                name: (*n).into(),
+                shape: vec![4],
+                kind: if i == 0 {
+                    ValueKind::Input
+                } else {
+                    ValueKind::Computed
+                },
+            })
+            .collect();
+        net.calls = (0..3)
+            .map(|i| Call {
+                task: 0,
+                inputs: vec![i],
+                output: i + 1,
+                nodes: vec![format!("r{i}")],
+            })
+            .collect();
+        net.output = 3;
+        let (buffer_of, sizes) = plan_buffers(&net).expect("plan");
+        // a and c share a buffer (a is dead once b is computed); b has its own.
+        assert_eq!(sizes.len(), 2, "{buffer_of:?}");
+        assert_eq!(buffer_of[&1], buffer_of[&3]);
+        assert_ne!(buffer_of[&1], buffer_of[&2]);
+    }
 }
