@@ -9,7 +9,10 @@
 //! - [`cache_line`]: one tuning-cache line (a record possibly shipped in someone else's crate
 //!   release) → parse and validate → lowering and codegen of its schedule on a few graphs;
 //! - [`steps`]: a structure-aware list of schedule steps ([`arbitrary`]) on one of the op
-//!   library's graphs → lowering → codegen.
+//!   library's graphs → lowering → codegen;
+//! - [`onnx`]: an ONNX model file (as `Builder::onnx` reads it) → import into tasks → each
+//!   task's default schedule lowered and emitted, and the reference run on zeros when the
+//!   network is small.
 //!
 //! None of them may panic, hang or use unbounded memory on any input: a panic (or an abort,
 //! a stack overflow, a timeout, an out-of-memory) found by the fuzzer is a bug in harl. The
@@ -89,6 +92,60 @@ pub fn dsl(data: &[u8]) {
         let _ = lower_and_emit(graph, &Schedule::naive(), &meta, data.len());
     }
     interpret_if_small(graph);
+}
+
+/// ONNX target: `data` is an ONNX model's bytes. The import gives a network or a typed error
+/// (never a panic: onnx-ir's own panics are caught inside `import_bytes`); each task of a
+/// network is lowered with its default schedule and emitted, and a small network runs through
+/// the interpreter on a zero input.
+pub fn onnx(data: &[u8]) {
+    if data.len() > MAX_INPUT_BYTES {
+        return;
+    }
+    // onnx-ir panics on some malformed files; `import_bytes` catches that and returns an
+    // error. libFuzzer's panic hook would abort on it first, so the hook is silenced for the
+    // parse only: a panic in harl's own conversion still unwinds out of the import and out of
+    // this target, which libFuzzer reports.
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let parsed = std::panic::catch_unwind(|| harl_te::onnx::import_bytes(data));
+    std::panic::set_hook(hook);
+    let net = match parsed {
+        Ok(Ok(net)) => net,
+        Ok(Err(_)) => return,
+        Err(panic) => std::panic::resume_unwind(panic),
+    };
+    for (t, task) in net.tasks.iter().enumerate() {
+        let graph = &task.graph;
+        let meta = graphs::meta(&format!("t{t}"), graph);
+        let schedule = default_schedule(graph, &CpuTarget::portable());
+        if lower_and_emit(graph, &schedule, &meta, data.len() + t).is_err() {
+            let _ = lower_and_emit(graph, &Schedule::naive(), &meta, data.len() + t);
+        }
+    }
+    let elements = |shape: &[usize]| {
+        shape
+            .iter()
+            .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+            .filter(|&n| n <= MAX_INTERP_WORK)
+    };
+    let small = net
+        .tasks
+        .iter()
+        .all(|t| graph_work(&t.graph).is_some_and(|w| w <= MAX_INTERP_WORK))
+        && net
+            .inputs
+            .iter()
+            .all(|&v| elements(&net.values[v].shape).is_some());
+    if small {
+        let inputs: Vec<Vec<f64>> = net
+            .inputs
+            .iter()
+            .map(|&v| vec![0.0; elements(&net.values[v].shape).unwrap_or(0)])
+            .collect();
+        let refs: Vec<&[f64]> = inputs.iter().map(Vec::as_slice).collect();
+        let _ = net.run_reference(&refs);
+    }
 }
 
 /// Cache-line target: `data` is one line of a `<isa_class>.jsonl` tuning cache. A line that

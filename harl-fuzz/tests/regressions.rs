@@ -56,6 +56,11 @@ fn steps_corpus() {
     replay("steps", harl_fuzz::steps);
 }
 
+#[test]
+fn onnx_corpus() {
+    replay("onnx", harl_fuzz::onnx);
+}
+
 /// The hand-written DSL seeds are only useful while they reach the lowering: a seed named
 /// `seed-*` (but not `seed-err-*`, the rejected ones) must still parse as a kernel. Without this
 /// a change to the DSL could silently turn the corpus into parse errors.
