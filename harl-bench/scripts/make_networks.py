@@ -15,7 +15,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../harl-te/tests/onnx"))
-from make_models import Model, w  # noqa: E402  (the test models' builder)
+from make_models import Model, encoder_layer, w  # noqa: E402  (the test models' builder)
 
 
 def save(m, name, shape, out_shape, out_dir):
@@ -81,32 +81,9 @@ def mobilenetv2(out_dir):
 
 def bert(out_dir, layers=12, s=128, h=768, nh=12, ff=3072):
     m = Model()
-    dh = h // nh
-
-    def dense(x, k, n):
-        return m.op("Add", [m.op("MatMul", [x, m.init(w(k, n))]), m.init(w(n, scale=0.1))])
-
-    def layer_norm(x):
-        return m.op("LayerNormalization", [x, m.init(w(h, scale=0.2) + 1.0), m.init(w(h, scale=0.1))],
-                    axis=-1, epsilon=1e-12)
-
-    def heads(x):
-        r = m.op("Reshape", [x, m.init(np.array([1, s, nh, dh], np.int64))])
-        return m.op("Transpose", [r], perm=[0, 2, 1, 3])
-
     x = "x"
     for _ in range(layers):
-        q, k, v = heads(dense(x, h, h)), heads(dense(x, h, h)), heads(dense(x, h, h))
-        kt = m.op("Transpose", [k], perm=[0, 1, 3, 2])
-        scores = m.op("Mul", [m.op("MatMul", [q, kt]), m.init(np.array(1.0 / np.sqrt(dh), np.float32))])
-        ctx = m.op("MatMul", [m.op("Softmax", [scores], axis=-1), v])
-        ctx = m.op("Reshape", [m.op("Transpose", [ctx], perm=[0, 2, 1, 3]), m.init(np.array([1, s, h], np.int64))])
-        a = layer_norm(m.op("Add", [dense(ctx, h, h), x]))
-        u = dense(a, h, ff)
-        g = m.op("Mul", [m.op("Mul", [u, m.op("Add", [m.op("Erf", [m.op("Div", [u, m.init(np.array(np.sqrt(2.0), np.float32))])]),
-                                                    m.init(np.array(1.0, np.float32))])]),
-                         m.init(np.array(0.5, np.float32))])
-        x = layer_norm(m.op("Add", [dense(g, ff, h), a]))
+        x = encoder_layer(m, x, s, h, nh, ff, eps=1e-12)
     save(m, "bert", [1, s, h], [1, s, h], out_dir)
 
 

@@ -6,7 +6,7 @@
 //! cache, `HARL_CACHE_DIR` or none: default schedules). Its binary runs `Model::run` in a
 //! rayon pool of the thread count: two warm-up runs, then runs until 1 s and 10 runs, median;
 //! `scripts/ort_e2e.py` does the same with onnxruntime (`intra_op_num_threads`). The two
-//! alternate over `--rounds`, on one input from `[-1, 1)`; harl's output is compared with
+//! alternate over `--rounds`, on one input from `[-0.5, 0.5)`; harl's output is compared with
 //! onnxruntime's. `DIR/e2e.json` has `harl_s`, `ort_s` (medians of the rounds' medians) and
 //! `max_rel_err` (largest difference over the largest |output|) per thread count.
 
@@ -59,7 +59,7 @@ pub fn run(o: &Options) -> Result<(), Error> {
         .map(|&v| net.values[v].shape.iter().product())
         .ok_or("the model has no input")?;
     let input = work.join("input.bin");
-    std::fs::write(&input, floats_bytes(&data(input_len, 7)))?;
+    std::fs::write(&input, floats_bytes(&crate::workload::data(input_len, 7)))?;
     let krate = work.join("crate");
     // A package of its own per model: crates of one name share their binary's path in the
     // target directory, and a fresh one would run another model's binary.
@@ -127,19 +127,6 @@ pub fn run(o: &Options) -> Result<(), Error> {
     )?;
     std::fs::write(o.out.join("table.md"), table)?;
     Ok(())
-}
-
-/// Inputs in `[-1, 1)`, the same on every run (xorshift).
-fn data(n: usize, seed: u64) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            ((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
 }
 
 fn floats_bytes(x: &[f32]) -> Vec<u8> {

@@ -171,7 +171,7 @@ pub fn spine() -> Vec<Workload> {
 }
 
 /// `n` pseudo-random values in `[-0.5, 0.5)` from a linear congruential generator.
-fn data(n: usize, seed: u32) -> Vec<f32> {
+pub(crate) fn data(n: usize, seed: u32) -> Vec<f32> {
     let mut s = seed;
     (0..n)
         .map(|_| {

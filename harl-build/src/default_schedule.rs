@@ -376,16 +376,30 @@ fn emit_row_member(
     }
     let lanes = (target.vector_bytes / elem_bytes(stage.dtype)).max(1);
     let last = stage.shape[ns - 1];
-    let v = largest_divisor_at_most(last, 2 * lanes);
+    let Some(v) = last_axis_vector(last, lanes) else {
+        return;
+    };
     let mut loops = Loops::new(s, stage.axis_extents().len());
-    if v > 1 && v < last {
+    if v < last {
         loops.split(steps, ns - 1, &[v]);
     }
-    if v > 1 && (v < last || last <= 4 * lanes) {
-        steps.push(Step::Vectorize {
-            stage: s,
-            at: loops.tags.len() - 1,
-        });
+    steps.push(Step::Vectorize {
+        stage: s,
+        at: loops.tags.len() - 1,
+    });
+}
+
+/// The vector loop of a last axis of `last` elements with `lanes`-wide vectors: a divisor of
+/// up to two vectors split off it, or the whole axis where it has none and is short; `None`
+/// for a prime-ish extent too long to unroll whole (the compiler keeps that loop).
+fn last_axis_vector(last: usize, lanes: usize) -> Option<usize> {
+    let v = largest_divisor_at_most(last, 2 * lanes);
+    if v > 1 && v < last {
+        Some(v)
+    } else if last > 4 * lanes {
+        None
+    } else {
+        Some(last)
     }
 }
 
@@ -757,13 +771,13 @@ fn emit_simple(steps: &mut Vec<Step>, graph: &Graph, s: usize, target: &CpuTarge
         stage.reduce.is_none() && ns > 0 && stage.shape[ns - 1] >= 4 && !guarded[ns - 1];
     if vectorise {
         let last = stage.shape[ns - 1];
-        let v = largest_divisor_at_most(last, 2 * lanes);
-        if v > 1 && v < last {
-            loops.split(steps, ns - 1, &[v]);
-            spatial_loops += 1;
-        } else if last > 4 * lanes {
-            // A prime-ish extent: leave the loop to the compiler rather than unroll it whole.
-            vectorise = false;
+        match last_axis_vector(last, lanes) {
+            Some(v) if v < last => {
+                loops.split(steps, ns - 1, &[v]);
+                spatial_loops += 1;
+            }
+            Some(_) => {}
+            None => vectorise = false,
         }
     }
     let work = stage.size()

@@ -482,44 +482,32 @@ fn compute_within_rejects_what_it_cannot_compute_per_row() {
         };
         assert!(lower(&g, &s).is_err(), "{steps:?} should be rejected");
     }
-    // A consumer that reads the target at another row: a transposed read of a square matrix.
-    let mut b = harl_te::GraphBuilder::new();
-    let x = b.input("x", &[8, 8], harl_te::DType::F32);
-    let e = b.compute(
-        "e",
-        &[8, 8],
-        harl_te::DType::F32,
-        harl_te::load(x, vec![harl_te::Expr::Axis(0), harl_te::Expr::Axis(1)]).exp(),
-    );
-    b.compute(
-        "t",
-        &[8, 8],
-        harl_te::DType::F32,
-        harl_te::load(e, vec![harl_te::Expr::Axis(1), harl_te::Expr::Axis(0)]),
-    );
-    let t = b.finish().expect("graph");
+    // `e = exp(x)` on an 8x8 matrix, then `t` reading `e` as `body` does.
+    let exp_then = |body: &dyn Fn(harl_te::TensorRef) -> harl_te::Expr| {
+        use harl_te::{DType, Expr};
+        let mut b = harl_te::GraphBuilder::new();
+        let x = b.input("x", &[8, 8], DType::F32);
+        let e = b.compute(
+            "e",
+            &[8, 8],
+            DType::F32,
+            harl_te::load(x, vec![Expr::Axis(0), Expr::Axis(1)]).exp(),
+        );
+        b.compute("t", &[8, 8], DType::F32, body(e));
+        b.finish().expect("graph")
+    };
     let s = Schedule {
         steps: vec![within(1, 0, 0)],
     };
+    // A consumer that reads the target at another row: a transposed read of a square matrix.
+    let t = exp_then(&|e| harl_te::load(e, vec![harl_te::Expr::Axis(1), harl_te::Expr::Axis(0)]));
     let err = lower(&t, &s).expect_err("reads another row");
     assert!(err.to_string().contains("leading indices"), "{err}");
-    // The same at its own row lowers and matches.
-    let mut b = harl_te::GraphBuilder::new();
-    let x = b.input("x", &[8, 8], harl_te::DType::F32);
-    let e = b.compute(
-        "e",
-        &[8, 8],
-        harl_te::DType::F32,
-        harl_te::load(x, vec![harl_te::Expr::Axis(0), harl_te::Expr::Axis(1)]).exp(),
-    );
-    b.compute(
-        "t",
-        &[8, 8],
-        harl_te::DType::F32,
+    // Reads at its own row (any column) lower and match.
+    let ok = exp_then(&|e| {
         harl_te::load(e, vec![harl_te::Expr::Axis(0), harl_te::Expr::Axis(1)])
-            + harl_te::load(e, vec![harl_te::Expr::Axis(0), harl_te::Expr::int(0)]),
-    );
-    let ok = b.finish().expect("graph");
+            + harl_te::load(e, vec![harl_te::Expr::Axis(0), harl_te::Expr::int(0)])
+    });
     check(&ok, &s, 2);
 }
 

@@ -173,6 +173,7 @@ pub(super) fn emit_model(
         Ok(format!("weight({off}, {len})"))
     };
     let mut fields = String::new();
+    let mut field_names: Vec<String> = Vec::new();
     let mut init = String::new();
     let mut run = String::new();
     // The same calls, each timed (`run_timed`), and what each computes (`CALLS`).
@@ -221,6 +222,7 @@ pub(super) fn emit_model(
         let invoke = if prep_args.is_empty() {
             format!("super::{kernel}::run({})", run_args.join(", "))
         } else {
+            field_names.push(format!("p{c}"));
             let _ = writeln!(fields, "        p{c}: super::{kernel}::Prepared,");
             let _ = writeln!(
                 init,
@@ -243,21 +245,10 @@ pub(super) fn emit_model(
         call_names.push(format!("{kernel}: {}", call.nodes.join(", ")));
     }
     for &w in &kept_weights {
+        field_names.push(format!("w{w}"));
         let _ = writeln!(fields, "        w{w}: ::std::vec::Vec<f32>,");
         let _ = writeln!(init, "            let w{w} = {};", weight_expr(w)?);
     }
-    let field_names: Vec<String> = net
-        .calls
-        .iter()
-        .enumerate()
-        .filter(|(_, call)| {
-            net.tasks
-                .get(call.task)
-                .is_some_and(|t| t.graph.inputs.iter().any(|p| p.constant))
-        })
-        .map(|(c, _)| format!("p{c}"))
-        .chain(kept_weights.iter().map(|w| format!("w{w}")))
-        .collect();
     let Storage::Buffer(out_buf) = *storage.get(&net.output).ok_or("no output storage")? else {
         return Err("the output is not computed".into());
     };
@@ -272,6 +263,16 @@ pub(super) fn emit_model(
 #[allow(warnings, clippy::all, unsafe_code, missing_docs)]
 pub mod {name} {{
     static WEIGHTS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/harl/{weights_file}"));
+
+    fn check_lengths(input: &[f32], output: &[f32]) -> ::core::result::Result<(), ::harl::KernelError> {{
+        if input.len() != {input_len} {{
+            return Err(::harl::KernelError::Length {{ kernel: "{name}", arg: "input", got: input.len(), want: {input_len}, shape: "{input_shape:?}" }});
+        }}
+        if output.len() != {output_len} {{
+            return Err(::harl::KernelError::Length {{ kernel: "{name}", arg: "output", got: output.len(), want: {output_len}, shape: "{output_shape:?}" }});
+        }}
+        Ok(())
+    }}
 
     fn weight(offset: usize, len: usize) -> ::std::vec::Vec<f32> {{
         WEIGHTS[offset..offset + 4 * len]
@@ -300,21 +301,14 @@ pub mod {name} {{
         /// Runs the network on `input` (row-major, [`INPUT_SHAPE`]) into `output`
         /// ([`OUTPUT_SHAPE`]).
         pub fn run(&mut self, input: &[f32], output: &mut [f32]) -> ::core::result::Result<(), ::harl::KernelError> {{
-            if input.len() != {input_len} {{
-                return Err(::harl::KernelError::Length {{ kernel: "{name}", arg: "input", got: input.len(), want: {input_len}, shape: "{input_shape:?}" }});
-            }}
-            if output.len() != {output_len} {{
-                return Err(::harl::KernelError::Length {{ kernel: "{name}", arg: "output", got: output.len(), want: {output_len}, shape: "{output_shape:?}" }});
-            }}
+            check_lengths(input, output)?;
 {run}            output.copy_from_slice(&self.b[{out_buf}][..{output_len}]);
             Ok(())
         }}
 
         /// [`Model::run`], returning each call's seconds (in the order of [`CALLS`]).
         pub fn run_timed(&mut self, input: &[f32], output: &mut [f32]) -> ::core::result::Result<::std::vec::Vec<f64>, ::harl::KernelError> {{
-            if input.len() != {input_len} || output.len() != {output_len} {{
-                self.run(input, output)?;
-            }}
+            check_lengths(input, output)?;
             let mut times = ::std::vec::Vec::with_capacity(CALLS.len());
 {timed}            output.copy_from_slice(&self.b[{out_buf}][..{output_len}]);
             Ok(times)

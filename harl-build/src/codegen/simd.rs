@@ -12,7 +12,9 @@
 //!
 //! Each operation computes what the scalar code computes, bit for bit: a multiply-add is fused
 //! in both (the variants with SIMD have FMA), and min/max return the other operand when one is
-//! NaN, as `f32::max` does (the bare instructions return their second operand).
+//! NaN, as `f32::max` does (the bare instructions return their second operand). The one
+//! exception is a vectorised reduce loop into one accumulator: its lanes are reduced as a tree
+//! (`horizontal`), which for a sum reassociates, as the schedule's vectorised reduction asks.
 
 use super::Cx;
 use crate::loop_ir::{in_bounds, Stmt};

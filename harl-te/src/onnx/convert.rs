@@ -4,6 +4,7 @@ use super::{Call, ImportError, Network, Task, Value, ValueId, ValueKind};
 use crate::expr::{BinaryOp, DType, Expr, TensorRef};
 use crate::graph::GraphBuilder;
 use crate::ops;
+use onnx_ir::node::batch_norm::{BatchNormConfig, BatchNormalizationNode};
 use onnx_ir::{Argument, Node, OnnxGraph};
 use std::collections::{HashMap, HashSet};
 
@@ -139,6 +140,43 @@ pub(super) fn f32_data(arg: &Argument, node: &str) -> Result<Vec<f32>, ImportErr
 
 /// The element count of `shape`, saturating: a shape from a hostile file that overflows is
 /// then too large for every check that follows (the graph's own limits reject it).
+/// A batch norm's per-channel affine map `y = x * scale + shift` (f64): scale =
+/// gamma / sqrt(var + eps), shift = beta - mean * scale. Its four parameters must be constants
+/// of `channels` values each. The one computation behind both a folded batch norm and one left
+/// as its own op.
+pub(super) fn batch_norm_affine(
+    bn: &BatchNormalizationNode,
+    channels: usize,
+) -> Result<(Vec<f64>, Vec<f64>), ImportError> {
+    let node = bn.name.as_str();
+    let eps = match &bn.config {
+        BatchNormConfig::Static(c) => c.epsilon,
+        BatchNormConfig::Runtime(c) => c.epsilon,
+    };
+    let param = |i: usize| -> Result<Vec<f64>, ImportError> {
+        let arg = bn
+            .inputs
+            .get(i)
+            .ok_or_else(|| node_err(node, "batch norm needs five inputs"))?;
+        let d = f32_data(arg, node)?;
+        if d.len() != channels || channels == 0 {
+            return Err(node_err(
+                node,
+                "batch norm parameters do not match the channels",
+            ));
+        }
+        Ok(d.into_iter().map(f64::from).collect())
+    };
+    let (gamma, beta, mean, var) = (param(1)?, param(2)?, param(3)?, param(4)?);
+    let scale: Vec<f64> = (0..channels)
+        .map(|k| gamma[k] / (var[k] + eps).sqrt())
+        .collect();
+    let shift = (0..channels)
+        .map(|k| beta[k] - mean[k] * scale[k])
+        .collect();
+    Ok((scale, shift))
+}
+
 pub(super) fn product(shape: &[usize]) -> usize {
     shape
         .iter()
@@ -218,22 +256,10 @@ impl Converter<'_> {
             if !w.is_static() || bn.inputs[1..5].iter().any(|a| !a.is_static()) {
                 continue;
             }
-            let eps = match &bn.config {
-                onnx_ir::node::batch_norm::BatchNormConfig::Static(c) => c.epsilon,
-                onnx_ir::node::batch_norm::BatchNormConfig::Runtime(c) => c.epsilon,
-            };
-            let name = &bn.name;
-            let [gamma, beta, mean, var] = [1, 2, 3, 4].map(|i| f32_data(&bn.inputs[i], name));
-            let (gamma, beta, mean, var) = (gamma?, beta?, mean?, var?);
             let wshape = static_shape(w, &conv.name)?;
             let mut wd = f32_data(w, &conv.name)?;
             let f = *wshape.first().unwrap_or(&0);
-            if [gamma.len(), beta.len(), mean.len(), var.len()] != [f; 4] || f == 0 {
-                return Err(node_err(
-                    name,
-                    "batch norm parameters do not match the filters",
-                ));
-            }
+            let (scale, shift) = batch_norm_affine(bn, f)?;
             let mut bias = match conv.inputs.get(2).filter(|a| !a.is_optional()) {
                 Some(b) => f32_data(b, &conv.name)?,
                 None => vec![0.0; f],
@@ -243,12 +269,10 @@ impl Converter<'_> {
             }
             let per = wd.len() / f;
             for k in 0..f {
-                let s = f64::from(gamma[k]) / (f64::from(var[k]) + eps).sqrt();
                 for x in &mut wd[k * per..(k + 1) * per] {
-                    *x = (f64::from(*x) * s) as f32;
+                    *x = (f64::from(*x) * scale[k]) as f32;
                 }
-                bias[k] =
-                    ((f64::from(bias[k]) - f64::from(mean[k])) * s + f64::from(beta[k])) as f32;
+                bias[k] = (f64::from(bias[k]) * scale[k] + shift[k]) as f32;
             }
             let wv = self.add_value(
                 &format!("{}.folded_w", conv.name),

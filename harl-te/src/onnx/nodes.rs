@@ -1,10 +1,12 @@
 //! Each supported ONNX op as harl ops in the open task (see [`super`]).
 
-use super::convert::{f32_data, node_err, product, static_shape, Converter};
+use super::convert::{batch_norm_affine, f32_data, node_err, product, static_shape, Converter};
 use super::{ImportError, ValueKind};
 use crate::expr::{BinaryOp, CmpOp, DType, Expr, TensorRef, UnaryOp};
 use crate::graph::{load, ReduceOp};
 use crate::ops;
+use onnx_ir::node::batch_norm::BatchNormalizationNode;
+use onnx_ir::node::padding::{AutoPad, PaddingConfig2d};
 use onnx_ir::{Argument, Node};
 
 /// The ONNX ops [`super::import`] converts.
@@ -132,47 +134,32 @@ impl Converter<'_> {
             Node::Sub(_) => self.binary(&name, BinaryOp::Sub, input(0)?, input(1)?, out),
             Node::Mul(_) => self.binary(&name, BinaryOp::Mul, input(0)?, input(1)?, out),
             Node::Div(_) => self.binary(&name, BinaryOp::Div, input(0)?, input(1)?, out),
-            Node::BatchNormalization(_) => self.batch_norm(&name, ins, out),
+            Node::BatchNormalization(bn) => self.batch_norm(&name, bn, out),
             Node::Conv2d(c) => self.conv(&name, ins, out, &c.config),
             Node::MaxPool2d(p) => {
                 let c = &p.config;
-                if c.dilation != [1, 1] {
-                    return Err(node_err(&name, "dilated max pooling is not imported"));
-                }
-                let pads = pads_of(&c.padding, &c.auto_pad, &name)?;
-                self.pool(
-                    &name,
-                    input(0)?,
-                    out,
-                    c.kernel_size,
-                    c.strides,
-                    pads,
-                    true,
-                    true,
-                )
+                let window = Window {
+                    kernel: c.kernel_size,
+                    stride: c.strides,
+                    dilation: c.dilation,
+                    padding: &c.padding,
+                    auto_pad: &c.auto_pad,
+                };
+                self.pool(&name, input(0)?, out, &window, Pool::Max)
             }
             Node::AveragePool2d(p) => {
                 let c = &p.config;
-                if c.dilation != [1, 1] {
-                    return Err(node_err(&name, "dilated average pooling is not imported"));
-                }
-                let pads = pads_of(&c.padding, &c.auto_pad, &name)?;
-                if pads != [0; 4] && !c.count_include_pad {
-                    return Err(node_err(
-                        &name,
-                        "average pooling over padding without count_include_pad is not imported",
-                    ));
-                }
-                self.pool(
-                    &name,
-                    input(0)?,
-                    out,
-                    c.kernel_size,
-                    c.strides,
-                    pads,
-                    false,
-                    true,
-                )
+                let window = Window {
+                    kernel: c.kernel_size,
+                    stride: c.strides,
+                    dilation: c.dilation,
+                    padding: &c.padding,
+                    auto_pad: &c.auto_pad,
+                };
+                let kind = Pool::Average {
+                    count_include_pad: c.count_include_pad,
+                };
+                self.pool(&name, input(0)?, out, &window, kind)
             }
             Node::GlobalAveragePool(_) => self.global_pool(&name, input(0)?, out),
             Node::Transpose(t) => self.transpose(&name, input(0)?, out, &t.config.perm),
@@ -232,42 +219,20 @@ impl Converter<'_> {
     fn batch_norm(
         &mut self,
         node: &str,
-        ins: &[Argument],
+        bn: &BatchNormalizationNode,
         out: &Argument,
     ) -> Result<(), ImportError> {
-        let Node::BatchNormalization(bn) = self
-            .graph
-            .nodes
-            .iter()
-            .find(|n| n.name() == node)
-            .ok_or_else(|| node_err(node, "missing"))?
-        else {
-            return Err(node_err(node, "not a batch norm"));
-        };
-        let eps = match &bn.config {
-            onnx_ir::node::batch_norm::BatchNormConfig::Static(c) => c.epsilon,
-            onnx_ir::node::batch_norm::BatchNormConfig::Runtime(c) => c.epsilon,
-        };
-        if ins.len() < 5 {
-            return Err(node_err(node, "batch norm needs five inputs"));
-        }
-        let x = &ins[0];
+        let x = bn
+            .inputs
+            .first()
+            .ok_or_else(|| node_err(node, "batch norm needs five inputs"))?;
         let shape = self.shape(x, node)?;
         let c = *shape
             .get(1)
             .ok_or_else(|| node_err(node, "batch norm of a 1-D tensor"))?;
-        let [g, b, m, v] = [1, 2, 3, 4].map(|i| f32_data(&ins[i], node));
-        let (g, b, m, v) = (g?, b?, m?, v?);
-        if [g.len(), b.len(), m.len(), v.len()] != [c; 4] {
-            return Err(node_err(
-                node,
-                "batch norm parameters do not match the channels",
-            ));
-        }
-        let s: Vec<f32> = (0..c)
-            .map(|k| (f64::from(g[k]) / (f64::from(v[k]) + eps).sqrt()) as f32)
-            .collect();
-        let t: Vec<f32> = (0..c).map(|k| b[k] - m[k] * s[k]).collect();
+        let (scale, shift) = batch_norm_affine(bn, c)?;
+        let s: Vec<f32> = scale.iter().map(|&v| v as f32).collect();
+        let t: Vec<f32> = shift.iter().map(|&v| v as f32).collect();
         let mut per_channel = vec![c];
         per_channel.extend(std::iter::repeat_n(1, shape.len().saturating_sub(2)));
         let sv = self.add_value(
@@ -306,15 +271,14 @@ impl Converter<'_> {
         if xs.len() != 4 {
             return Err(node_err(node, "a 2-D convolution needs an NCHW input"));
         }
-        let pads = pads_of(&c.padding, &c.auto_pad, node)?;
-        let pads = if matches!(
-            c.auto_pad,
-            onnx_ir::node::padding::AutoPad::SameUpper | onnx_ir::node::padding::AutoPad::SameLower
-        ) {
-            same_pads(&xs, c.kernel_size, c.stride, c.dilation, &c.auto_pad)
-        } else {
-            pads
-        };
+        let pads = Window {
+            kernel: c.kernel_size,
+            stride: c.stride,
+            dilation: c.dilation,
+            padding: &c.padding,
+            auto_pad: &c.auto_pad,
+        }
+        .pads(&xs);
         self.start(node)?;
         // The activation first, then the weights: the kernel's inputs in the order the op
         // library's convolutions take them.
@@ -380,23 +344,36 @@ impl Converter<'_> {
         self.open_mut().b.compute(&name, &shape, DType::F32, body)
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn pool(
         &mut self,
         node: &str,
         x_arg: &Argument,
         out: &Argument,
-        k: [usize; 2],
-        s: [usize; 2],
-        pads: [usize; 4],
-        max: bool,
-        _floor: bool,
+        window: &Window<'_>,
+        kind: Pool,
     ) -> Result<(), ImportError> {
         let xs = self.shape(x_arg, node)?;
+        let (k, s) = (window.kernel, window.stride);
         if xs.len() != 4 || k.contains(&0) || s.contains(&0) {
             return Err(node_err(
                 node,
                 "pooling needs an NCHW tensor and positive windows",
+            ));
+        }
+        if window.dilation != [1, 1] {
+            return Err(node_err(node, "dilated pooling is not imported"));
+        }
+        let pads = window.pads(&xs);
+        let max = matches!(kind, Pool::Max);
+        if pads != [0; 4]
+            && kind
+                == (Pool::Average {
+                    count_include_pad: false,
+                })
+        {
+            return Err(node_err(
+                node,
+                "average pooling over padding without count_include_pad is not imported",
             ));
         }
         let [t, l, bo, r] = pads;
@@ -601,11 +578,8 @@ impl Converter<'_> {
             node: node.to_string(),
             source: Box::new(source),
         };
-        let mut y = ops::matmul(&mut self.open_mut().b, xt, wt, false, transpose).map_err(err)?;
-        if let Some(bias) = ins.get(2).filter(|a| !a.is_optional()) {
-            let bt = self.tensor(bias, node)?;
-            y = ops::broadcast_binary(&mut self.open_mut().b, BinaryOp::Add, y, bt).map_err(err)?;
-        }
+        let y = ops::matmul(&mut self.open_mut().b, xt, wt, false, transpose).map_err(err)?;
+        let y = self.add_bias(node, y, ins.get(2))?;
         let n = self.open_mut().b.shape(y).last().copied().unwrap_or(0);
         let mut shape = sx[..sx.len() - 1].to_vec();
         shape.push(n);
@@ -634,7 +608,7 @@ impl Converter<'_> {
             node: node.to_string(),
             source: Box::new(source),
         };
-        let mut y = ops::matmul(
+        let y = ops::matmul(
             &mut self.open_mut().b,
             at,
             bt,
@@ -642,11 +616,27 @@ impl Converter<'_> {
             c.trans_b != 0,
         )
         .map_err(err)?;
-        if let Some(bias) = ins.get(2).filter(|x| !x.is_optional()) {
-            let ct = self.tensor(bias, node)?;
-            y = ops::broadcast_binary(&mut self.open_mut().b, BinaryOp::Add, y, ct).map_err(err)?;
-        }
+        let y = self.add_bias(node, y, ins.get(2))?;
         self.finish_node(node, y, out)
+    }
+
+    /// `y + bias` (broadcast) when the node has a bias input, else `y`.
+    fn add_bias(
+        &mut self,
+        node: &str,
+        y: TensorRef,
+        bias: Option<&Argument>,
+    ) -> Result<TensorRef, ImportError> {
+        let Some(bias) = bias.filter(|a| !a.is_optional()) else {
+            return Ok(y);
+        };
+        let bt = self.tensor(bias, node)?;
+        ops::broadcast_binary(&mut self.open_mut().b, BinaryOp::Add, y, bt).map_err(|source| {
+            ImportError::Op {
+                node: node.to_string(),
+                source: Box::new(source),
+            }
+        })
     }
 }
 
@@ -676,38 +666,46 @@ fn reshaped(xs: &[usize], dims: &[i64]) -> Option<Vec<usize>> {
     (product(&out) == total).then_some(out)
 }
 
-/// (top, left, bottom, right) of a 2-D padding config.
-fn pads_of(
-    p: &onnx_ir::node::padding::PaddingConfig2d,
-    _auto: &onnx_ir::node::padding::AutoPad,
-    _node: &str,
-) -> Result<[usize; 4], ImportError> {
-    Ok(match p {
-        onnx_ir::node::padding::PaddingConfig2d::Valid => [0; 4],
-        onnx_ir::node::padding::PaddingConfig2d::Explicit(t, l, b, r) => [*t, *l, *b, *r],
-    })
+/// Which reduction a pooling node is.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pool {
+    Max,
+    Average { count_include_pad: bool },
 }
 
-/// The pads of `auto_pad = SAME_UPPER / SAME_LOWER`: the output is ceil(input / stride).
-fn same_pads(
-    xs: &[usize],
-    k: [usize; 2],
-    s: [usize; 2],
-    d: [usize; 2],
-    auto: &onnx_ir::node::padding::AutoPad,
-) -> [usize; 4] {
-    let one = |i: usize, x: usize| -> (usize, usize) {
-        let out = x.div_ceil(s[i].max(1));
-        let eff = d[i] * (k[i].saturating_sub(1)) + 1;
-        let total = ((out.saturating_sub(1)) * s[i] + eff).saturating_sub(x);
-        let small = total / 2;
-        if matches!(auto, onnx_ir::node::padding::AutoPad::SameLower) {
-            (total - small, small)
-        } else {
-            (small, total - small)
+/// The geometry of a 2-D window op (convolution, pooling).
+struct Window<'c> {
+    kernel: [usize; 2],
+    stride: [usize; 2],
+    dilation: [usize; 2],
+    padding: &'c PaddingConfig2d,
+    auto_pad: &'c AutoPad,
+}
+
+impl Window<'_> {
+    /// (top, left, bottom, right) for an NCHW input of shape `xs`: the explicit pads, or those
+    /// of `auto_pad = SAME_UPPER / SAME_LOWER` (the output is ceil(input / stride)).
+    fn pads(&self, xs: &[usize]) -> [usize; 4] {
+        if !matches!(self.auto_pad, AutoPad::SameUpper | AutoPad::SameLower) {
+            return match self.padding {
+                PaddingConfig2d::Valid => [0; 4],
+                PaddingConfig2d::Explicit(t, l, b, r) => [*t, *l, *b, *r],
+            };
         }
-    };
-    let (t, b) = one(0, xs[2]);
-    let (l, r) = one(1, xs[3]);
-    [t, l, b, r]
+        let one = |i: usize, x: usize| -> (usize, usize) {
+            let (k, s, d) = (self.kernel[i], self.stride[i].max(1), self.dilation[i]);
+            let out = x.div_ceil(s);
+            let eff = d * k.saturating_sub(1) + 1;
+            let total = (out.saturating_sub(1) * s + eff).saturating_sub(x);
+            let small = total / 2;
+            if matches!(self.auto_pad, AutoPad::SameLower) {
+                (total - small, small)
+            } else {
+                (small, total - small)
+            }
+        };
+        let (t, b) = one(0, xs[2]);
+        let (l, r) = one(1, xs[3]);
+        [t, l, b, r]
+    }
 }

@@ -100,36 +100,43 @@ def cnn(out_dir):
     m.save("cnn", "x", [1, 3, 32, 32], [1, 10], out_dir)
 
 
-def encoder(out_dir):
-    """A BERT-shaped encoder layer (sequence 8, hidden 32, 2 heads of 16, FFN 64): projections
-    with bias, heads by Reshape and Transpose, scaled scores, softmax, context, output projection
-    with residual and layer norm, FFN with erf-form GELU, residual and layer norm."""
-    s, h, nh, dh, ff = 8, 32, 2, 16, 64
-    m = Model()
+def encoder_layer(m, x, s, h, nh, ff, eps):
+    """One BERT encoder layer on `x` ([1, s, h]), as exporters write it: projections with bias,
+    heads by Reshape and Transpose, scaled scores, softmax, context, output projection with
+    residual and layer norm, FFN with erf-form GELU, residual and layer norm. Returns its
+    output's name. (`harl-bench/scripts/make_networks.py` stacks twelve for BERT-base.)"""
+    dh = h // nh
 
     def dense(x, k, n):
         return m.op("Add", [m.op("MatMul", [x, m.init(w(k, n))]), m.init(w(n, scale=0.1))])
 
     def layer_norm(x):
         return m.op("LayerNormalization", [x, m.init(w(h, scale=0.2) + 1.0), m.init(w(h, scale=0.1))],
-                    axis=-1, epsilon=1e-5)
+                    axis=-1, epsilon=eps)
 
     def heads(x):
         r = m.op("Reshape", [x, m.init(np.array([1, s, nh, dh], np.int64))])
         return m.op("Transpose", [r], perm=[0, 2, 1, 3])
 
-    q, k, v = heads(dense("x", h, h)), heads(dense("x", h, h)), heads(dense("x", h, h))
+    q, k, v = heads(dense(x, h, h)), heads(dense(x, h, h)), heads(dense(x, h, h))
     kt = m.op("Transpose", [k], perm=[0, 1, 3, 2])
     scores = m.op("Mul", [m.op("MatMul", [q, kt]), m.init(np.array(1.0 / np.sqrt(dh), np.float32))])
     ctx = m.op("MatMul", [m.op("Softmax", [scores], axis=-1), v])
     ctx = m.op("Reshape", [m.op("Transpose", [ctx], perm=[0, 2, 1, 3]), m.init(np.array([1, s, h], np.int64))])
-    a = layer_norm(m.op("Add", [dense(ctx, h, h), "x"]))
+    a = layer_norm(m.op("Add", [dense(ctx, h, h), x]))
     u = dense(a, h, ff)
     # GELU as exported before opset 20: x * 0.5 * (1 + erf(x / sqrt 2)).
     g = m.op("Mul", [m.op("Mul", [u, m.op("Add", [m.op("Erf", [m.op("Div", [u, m.init(np.array(np.sqrt(2.0), np.float32))])]),
                                                 m.init(np.array(1.0, np.float32))])]),
                      m.init(np.array(0.5, np.float32))])
-    layer_norm(m.op("Add", [dense(g, ff, h), a]))
+    return layer_norm(m.op("Add", [dense(g, ff, h), a]))
+
+
+def encoder(out_dir):
+    """A BERT-shaped encoder layer (sequence 8, hidden 32, 2 heads of 16, FFN 64)."""
+    s, h = 8, 32
+    m = Model()
+    encoder_layer(m, "x", s, h, nh=2, ff=64, eps=1e-5)
     m.save("encoder", "x", [1, s, h], [1, s, h], out_dir)
 
 
