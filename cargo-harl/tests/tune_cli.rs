@@ -102,6 +102,26 @@ fn two_shards_merged_cover_what_one_run_covers() {
         );
     }
 
+    // Forced again with the same seed into a fresh cache: the trial logs of the first run are
+    // replayed, so the search takes the same path and finds the same winners. (Before the
+    // shards: their jobs hold other kernels, take other paths, and rewrite those logs.)
+    let class = TargetFingerprint::host().isa_class;
+    let replayed = cache("replayed");
+    tune(&["--force"], &replayed);
+    let best = |dir: &Path| {
+        let (records, _) = TuningCache::new(dir).records(&class);
+        records
+            .into_iter()
+            .map(|r| {
+                (
+                    r.workload_key,
+                    serde_json::to_string(&r.schedule).expect("json"),
+                )
+            })
+            .collect::<BTreeSet<_>>()
+    };
+    assert_eq!(best(&replayed), best(&single));
+
     let (a, b) = (cache("shard0"), cache("shard1"));
     tune(&["--shard", "0/2"], &a);
     tune(&["--shard", "1/2"], &b);
@@ -109,7 +129,6 @@ fn two_shards_merged_cover_what_one_run_covers() {
     assert!(!ca.is_empty() && !cb.is_empty(), "{ca:?} / {cb:?}");
     assert!(ca.is_disjoint(&cb), "shards overlap: {ca:?} / {cb:?}");
 
-    let class = TargetFingerprint::host().isa_class;
     let merged = cache("merged");
     std::fs::create_dir(&merged).expect("mkdir");
     ok(&tool(&[
@@ -126,24 +145,6 @@ fn two_shards_merged_cover_what_one_run_covers() {
     let again = tune(&[], &single);
     assert!(again.contains("0 to tune"), "{again}");
     assert_eq!(coverage(&single), whole);
-
-    // Forced again with the same seed into a fresh cache: the trial logs of the first run are
-    // replayed, so the search takes the same path and finds the same winners.
-    let replayed = cache("replayed");
-    tune(&["--force"], &replayed);
-    let best = |dir: &Path| {
-        let (records, _) = TuningCache::new(dir).records(&class);
-        records
-            .into_iter()
-            .map(|r| {
-                (
-                    r.workload_key,
-                    serde_json::to_string(&r.schedule).expect("json"),
-                )
-            })
-            .collect::<BTreeSet<_>>()
-    };
-    assert_eq!(best(&replayed), best(&single));
 
     let report = ok(&tool(&[
         "report",

@@ -8,8 +8,11 @@
 //! GFLOP/s, of the trials and of the wall time at which it first reaches the baseline's final
 //! best; the baseline is `ansor` when it is in the list, else the first strategy),
 //! `DIR/curves.csv` and `DIR/curves.svg`. A network run tunes the tasks of one BERT-base
-//! encoder layer (sequence 128) with their weights under each task scheduler and writes the
-//! trial allocation per task to `DIR/network.json`. A workload run ends with `compare-retime`
+//! encoder layer (sequence 128), or of an ONNX model (`--network m.onnx`), with their weights
+//! under each task scheduler (`harl` with HARL's strategy, the others with Ansor's) and writes
+//! each run's weighted latency (Σ weight × task latency, the tuner's estimate of the
+//! network's), trial allocation and curve to `DIR/network.json`, with the trials the first
+//! scheduler needs to reach each other one's final figure. A workload run ends with `compare-retime`
 //! over its winners (`--retime R` rounds, default 5, 0 for none), which writes
 //! `DIR/retime.json`.
 
@@ -31,7 +34,8 @@ pub struct Options {
     /// Suite name or spec (a workload run).
     #[arg(long)]
     pub workload: Option<String>,
-    /// `bert` (a network run).
+    /// `bert` (one BERT-base encoder layer) or an ONNX model file (its tasks, with their
+    /// weights): a network run.
     #[arg(long)]
     pub network: Option<String>,
     /// Strategies of a workload run.
@@ -83,8 +87,7 @@ pub fn run(o: &Options) -> Result<(), Error> {
     std::fs::create_dir_all(&o.out)?;
     match (&o.workload, &o.network) {
         (Some(w), _) => compare_workload(o, w),
-        (_, Some(n)) if n == "bert" => compare_network(o),
-        (_, Some(n)) => Err(format!("unknown network `{n}` (bert)").into()),
+        (_, Some(n)) => compare_network(o, n),
         _ => Err("nothing to compare".into()),
     }
 }
@@ -410,18 +413,51 @@ pub fn bert_layer() -> Result<Vec<Task>, Error> {
         .collect()
 }
 
-fn compare_network(o: &Options) -> Result<(), Error> {
+/// A network run's tasks: BERT's layer, or an ONNX model's tasks with their call counts.
+fn network_tasks(network: &str) -> Result<(String, Vec<Task>), Error> {
+    if network == "bert" {
+        return Ok(("bert-base encoder layer, seq 128".into(), bert_layer()?));
+    }
+    let net = harl_te::onnx::import(std::path::Path::new(network))?;
+    let name = std::path::Path::new(network)
+        .file_stem()
+        .map_or_else(|| network.to_string(), |s| s.to_string_lossy().into_owned());
+    let tasks = net
+        .tasks
+        .into_iter()
+        .enumerate()
+        .map(|(i, t)| Task::new(format!("t{i} {}", t.name), t.graph, t.weight as f64))
+        .collect();
+    Ok((name, tasks))
+}
+
+/// The first trial at which a curve's weighted latency is at or under `target`.
+fn trials_to_reach(curve: &[harl_tune::tuner::CurvePoint], target: f64) -> Option<usize> {
+    curve
+        .iter()
+        .find(|p| p.best_latency_s <= target)
+        .map(|p| p.trial)
+}
+
+fn compare_network(o: &Options, network: &str) -> Result<(), Error> {
+    let (title, _) = network_tasks(network)?;
     let mut runs = serde_json::Map::new();
+    // Per seed: each scheduler's curve, for the budget-to-match figure.
+    let mut curves: Vec<Vec<(String, Vec<harl_tune::tuner::CurvePoint>)>> =
+        vec![Vec::new(); o.seeds.len()];
     for scheduler in &o.schedulers {
         let strategy = if scheduler == "harl" { "harl" } else { "ansor" };
         let mut per_seed = Vec::new();
-        for &seed in &o.seeds {
-            let tasks = bert_layer()?;
+        for (si, &seed) in o.seeds.iter().enumerate() {
+            let (_, tasks) = network_tasks(network)?;
             let names: Vec<String> = tasks.iter().map(|t| t.name.clone()).collect();
-            let r = run_tasks(tasks, &o.run_spec(strategy, scheduler, seed))?;
+            let mut spec = o.run_spec(strategy, scheduler, seed);
+            // As a tuning job's: rounds small enough that every task gets one.
+            spec.batch = spec.batch.min(o.trials / tasks.len().max(1)).max(1);
+            let r = run_tasks(tasks, &spec)?;
             let best = r.curve.last().map(|p| p.best_latency_s);
             println!(
-                "bert layer, scheduler {scheduler} + {strategy}, seed {seed}: {} trials in {:.1} s, weighted latency {}",
+                "{title}, scheduler {scheduler} + {strategy}, seed {seed}: {} trials in {:.1} s, weighted latency {}",
                 r.trials,
                 r.wall_s,
                 best.map_or("none".into(), |l| format!("{:.3} ms", l * 1e3))
@@ -431,15 +467,43 @@ fn compare_network(o: &Options) -> Result<(), Error> {
                 .zip(&r.allocation)
                 .map(|(n, a)| (n, json!(a)))
                 .collect();
-            per_seed.push(json!({ "seed": seed, "weighted_latency_s": best, "allocation": allocation, "wall_s": r.wall_s }));
+            let curve: Vec<Value> = r
+                .curve
+                .iter()
+                .map(|p| json!([p.trial, p.best_latency_s, p.elapsed_s]))
+                .collect();
+            per_seed.push(json!({ "seed": seed, "weighted_latency_s": best, "allocation": allocation, "wall_s": r.wall_s, "curve": curve }));
+            curves[si].push((format!("{scheduler}+{strategy}"), r.curve));
         }
         runs.insert(format!("{scheduler}+{strategy}"), Value::Array(per_seed));
     }
-    let report = json!({ "network": "bert-base encoder layer, seq 128", "trials": o.trials, "runs": Value::Object(runs) });
+    // The paper's claim, per seed: the trials the first scheduler needs to reach the weighted
+    // latency every other one ends at, as a fraction of the budget.
+    let mut to_match = Vec::new();
+    for (seed, runs) in o.seeds.iter().zip(&curves) {
+        let Some(((first, mine), rest)) = runs.split_first().map(|(f, r)| ((&f.0, &f.1), r)) else {
+            continue;
+        };
+        for (other, theirs) in rest {
+            let Some(target) = theirs.last().map(|p| p.best_latency_s) else {
+                continue;
+            };
+            let reached = trials_to_reach(mine, target);
+            println!(
+                "seed {seed}: {first} reaches {other}'s final {:.3} ms {}",
+                target * 1e3,
+                reached.map_or("never".to_string(), |t| format!(
+                    "after {t} trials ({:.2}x the budget)",
+                    t as f64 / o.trials as f64
+                ))
+            );
+            to_match.push(json!({"seed": seed, "scheduler": first, "baseline": other, "baseline_final_s": target, "trials_to_match": reached, "fraction_of_budget": reached.map(|t| t as f64 / o.trials as f64)}));
+        }
+    }
+    let report = json!({ "network": title, "trials": o.trials, "threads": o.threads, "runs": Value::Object(runs), "to_match": to_match });
     std::fs::write(
         o.out.join("network.json"),
         serde_json::to_string_pretty(&report)? + "\n",
     )?;
-    println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(())
 }

@@ -1,5 +1,10 @@
-//! `harl-bench e2e --model M.onnx [--threads 1,2] [--rounds 3] --out DIR`: a whole network,
-//! built by harl as a user's crate builds it, against onnxruntime on the same ONNX file.
+//! `harl-bench e2e --model M.onnx [--threads 1,2] [--rounds 3] [--trials N [--seconds S]
+//! --scheduler harl|gradient --strategy ansor|harl --seed K] --out DIR`: a whole network, built
+//! by harl as a user's crate builds it, against onnxruntime on the same ONNX file.
+//!
+//! With `--trials` the build tunes first, as `HARL_TUNE=on` does: this workspace's
+//! `cargo-harl` (release-built) tunes all the network's tasks as one job of N trials, the task
+//! scheduler spreading them by each task's weight, records into `DIR/tuning-cache`.
 //!
 //! The model is imported (its tasks counted), then a fresh downstream crate registers it with
 //! `harl_build::Builder::onnx` and `cargo build --release` builds it (kernels from the tuning
@@ -8,7 +13,8 @@
 //! `scripts/ort_e2e.py` does the same with onnxruntime (`intra_op_num_threads`). The two
 //! alternate over `--rounds`, on one input from `[-0.5, 0.5)`; harl's output is compared with
 //! onnxruntime's. `DIR/e2e.json` has `harl_s`, `ort_s` (medians of the rounds' medians) and
-//! `max_rel_err` (largest difference over the largest |output|) per thread count.
+//! `max_rel_err` (largest difference over the largest |output|) per thread count;
+//! `DIR/tasks.json` lists the network's tasks (kernel name, weight, workload key, graph).
 
 use crate::stats::median;
 use crate::Error;
@@ -28,10 +34,35 @@ pub struct Options {
     /// Alternations of harl and onnxruntime (medians).
     #[arg(long, default_value_t = 3, value_parser = crate::harness::positive)]
     pub rounds: usize,
-    /// Output directory (e2e.json, table.md); the downstream crate, the input and the
-    /// outputs are kept in the workspace's `target/e2e-bench`.
+    /// Output directory (e2e.json, table.md, and with `--trials` the tuning cache the tune
+    /// wrote); the downstream crate, the input and the outputs are kept in the workspace's
+    /// `target/e2e-bench`.
     #[arg(long, default_value = "e2e-out")]
     pub out: PathBuf,
+    /// Tune the network first, as a build with `HARL_TUNE=on` does: this many trials shared
+    /// by all its tasks (`HARL_TOTAL_TRIALS`), records into `DIR/tuning-cache`.
+    #[arg(long)]
+    pub trials: Option<usize>,
+    /// With `--trials`: the tune's wall-time budget in seconds (`HARL_TOTAL_SECONDS`).
+    #[arg(long)]
+    pub seconds: Option<u64>,
+    /// With `--trials`: the task scheduler (`HARL_TASK_SCHEDULER`: harl, gradient, round-robin).
+    #[arg(long, default_value = harl_tune::task_scheduler::DEFAULT_SCHEDULER)]
+    pub scheduler: String,
+    /// With `--trials`: the search strategy (`HARL_STRATEGY`).
+    #[arg(long, default_value = "ansor")]
+    pub strategy: String,
+    /// With `--trials`: the seed (`HARL_SEED`).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+/// How the downstream crate gets its schedules.
+enum Schedules {
+    /// From `HARL_CACHE_DIR` if set, else the defaults.
+    Cached,
+    /// Tuned by the build, with this tuner, into this cache.
+    Tuned { tuner: PathBuf, cache: PathBuf },
 }
 
 /// Runs the comparison and prints the table.
@@ -49,6 +80,14 @@ pub fn run(o: &Options) -> Result<(), Error> {
         net.tasks.len()
     );
     std::fs::create_dir_all(&o.out)?;
+    // The tasks' graphs (no weights): what the records in a tuning cache replay on.
+    let tasks: Vec<_> = net
+        .tasks
+        .iter()
+        .enumerate()
+        .map(|(i, t)| json!({"kernel": format!("net_t{i}"), "name": t.name, "weight": t.weight, "workload_key": t.graph.workload_key(), "graph": t.graph}))
+        .collect();
+    std::fs::write(o.out.join("tasks.json"), serde_json::to_string(&tasks)?)?;
     // The crate, the input and the outputs go to the target directory; `out` keeps the report.
     let work = target_dir().join(format!("work-{name}"));
     std::fs::create_dir_all(&work)?;
@@ -68,8 +107,21 @@ pub fn run(o: &Options) -> Result<(), Error> {
         .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
         .collect();
     write_crate(&krate, &model, &package)?;
+    let schedules = match o.trials {
+        None => Schedules::Cached,
+        Some(_) => {
+            let cache = o.out.join("tuning-cache");
+            // A fresh tune: records of an earlier run would make it skip every task.
+            let _ = std::fs::remove_dir_all(&cache);
+            std::fs::create_dir_all(&cache)?;
+            Schedules::Tuned {
+                tuner: tuner()?,
+                cache: cache.canonicalize()?,
+            }
+        }
+    };
     let started = std::time::Instant::now();
-    let exe = build(&krate, &package)?;
+    let exe = build(&krate, &package, o, &schedules)?;
     let build_s = started.elapsed().as_secs_f64();
     println!("built in {build_s:.0} s");
     let mut rows = Vec::new();
@@ -118,7 +170,16 @@ pub fn run(o: &Options) -> Result<(), Error> {
         "tasks": net.tasks.len(),
         "calls": net.calls.len(),
         "build_s": build_s,
-        "schedules": std::env::var("HARL_CACHE_DIR").map_or("default (no HARL_CACHE_DIR)".to_string(), |c| format!("tuning cache {c}")),
+        "schedules": match &schedules {
+            Schedules::Cached => std::env::var("HARL_CACHE_DIR").map_or("default (no HARL_CACHE_DIR)".to_string(), |c| format!("tuning cache {c}")),
+            Schedules::Tuned { .. } => format!(
+                "tuned by the build: {} trials{}, task scheduler {}, strategy {}, seed {}",
+                o.trials.unwrap_or(0),
+                o.seconds.map_or(String::new(), |s| format!(" or {s} s")),
+                o.scheduler, o.strategy, o.seed
+            ),
+        },
+        "tuned": o.trials.map(|t| json!({"trials": t, "seconds": o.seconds, "scheduler": o.scheduler, "strategy": o.strategy, "seed": o.seed})),
         "rows": rows,
     });
     std::fs::write(
@@ -225,15 +286,53 @@ fn target_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/e2e-bench")
 }
 
-/// `cargo build --release` of the crate; returns its binary.
-fn build(krate: &Path, package: &str) -> Result<PathBuf, Error> {
+/// The tuner a tuning build calls: this workspace's `cargo-harl`, release-built here.
+fn tuner() -> Result<PathBuf, Error> {
+    let ws = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let built = Command::new(cargo)
+        .current_dir(&ws)
+        .args(["build", "--release", "--quiet", "-p", "cargo-harl"])
+        .status()?;
+    if !built.success() {
+        return Err("cargo-harl did not build".into());
+    }
+    Ok(ws.join("target/release/cargo-harl").canonicalize()?)
+}
+
+/// `cargo build --release` of the crate (tuning it first when asked); returns its binary.
+fn build(
+    krate: &Path,
+    package: &str,
+    o: &Options,
+    schedules: &Schedules,
+) -> Result<PathBuf, Error> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(cargo);
     cmd.current_dir(krate)
         .args(["build", "--release", "--quiet"])
         .env("CARGO_TARGET_DIR", target_dir());
-    for var in ["HARL_TUNE", "HARL_TRIALS", "HARL_ISA"] {
+    for var in [
+        "HARL_TUNE",
+        "HARL_TRIALS",
+        "HARL_ISA",
+        "HARL_TUNE_SECONDS",
+        "HARL_TOTAL_TRIALS",
+        "HARL_TOTAL_SECONDS",
+    ] {
         cmd.env_remove(var);
+    }
+    if let Schedules::Tuned { tuner, cache } = schedules {
+        cmd.env("HARL_TUNE", "on")
+            .env("HARL_TUNER", tuner)
+            .env("HARL_CACHE_DIR", cache)
+            .env("HARL_TOTAL_TRIALS", o.trials.unwrap_or(0).to_string())
+            .env("HARL_TASK_SCHEDULER", &o.scheduler)
+            .env("HARL_STRATEGY", &o.strategy)
+            .env("HARL_SEED", o.seed.to_string());
+        if let Some(s) = o.seconds {
+            cmd.env("HARL_TOTAL_SECONDS", s.to_string());
+        }
     }
     if !cmd.status()?.success() {
         return Err("the downstream crate did not build".into());

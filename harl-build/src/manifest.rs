@@ -19,6 +19,9 @@ pub const MANIFEST_VERSION: u32 = 1;
 /// A manifest larger than this is refused (a crate's kernels are far smaller).
 pub const MAX_MANIFEST_BYTES: u64 = 64 << 20;
 
+/// The largest weight a kernel may have (a network runs no task more often than this).
+pub const MAX_WEIGHT: f64 = 1e6;
+
 /// Why a manifest could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum ManifestError {
@@ -49,6 +52,14 @@ pub struct ManifestKernel {
     pub workload_key: String,
     /// Its tensor expression.
     pub graph: Graph,
+    /// How many times one use of the crate runs it (an imported model's calls of the task; 1
+    /// for a declared kernel): its weight when a tune shares one budget over the kernels.
+    #[serde(default = "one")]
+    pub weight: f64,
+}
+
+fn one() -> f64 {
+    1.0
 }
 
 /// Everything a tuner needs to tune a build's kernels as that build would use them.
@@ -127,6 +138,12 @@ impl Manifest {
             k.graph
                 .validate()
                 .map_err(|e| invalid(format!("kernel `{}`: {e}", k.name)))?;
+            if !(k.weight.is_finite() && k.weight > 0.0 && k.weight <= MAX_WEIGHT) {
+                return Err(invalid(format!(
+                    "kernel `{}`: weight {} is not in (0, {MAX_WEIGHT}]",
+                    k.name, k.weight
+                )));
+            }
             if k.graph.workload_key() != k.workload_key {
                 return Err(invalid(format!(
                     "kernel `{}`: its workload key does not match its graph",

@@ -1,12 +1,16 @@
-//! A tuning job: the kernels of a build's [`Manifest`], each without a record for this CPU,
-//! tuned one after another within a budget, each winner recorded in the crate's tuning cache as
-//! soon as it is found (so an interrupted job keeps every kernel it finished).
+//! A tuning job: the kernels of a build's [`Manifest`] without a record for this CPU, tuned
+//! together under one budget. HARL's task bandit (or the scheduler named in
+//! [`JobOptions::scheduler`]) picks which kernel gets each round, weighing each by how often
+//! the crate runs it (an imported network's calls of a task), so the budget goes where the
+//! end-to-end time is. Afterwards each kernel's fastest schedules are timed again beside its
+//! default and the winner is recorded in the crate's tuning cache.
 //!
 //! Every trial also goes to a trial log (one file per kernel, strategy, seed and thread count).
 //! A job started again with the same settings replays the logged measurements instead of timing
 //! those schedules again: the search is deterministic under its seed, so it walks the same path
-//! up to where the interrupted run stopped and goes on from there. `cargo harl report` reads the
-//! same logs.
+//! up to where the interrupted run stopped and goes on from there (the records of an
+//! interrupted job are written only at its end, so the logs are what it keeps). `cargo harl
+//! report` reads the same logs.
 
 use crate::cost_model::{model_by_name, CostModel, COST_MODEL_NAMES, DEFAULT_COST_MODEL};
 use crate::measure::Measure;
@@ -14,11 +18,11 @@ use crate::measure::{MeasureConfig, Measurer};
 use crate::space::cpu::Task;
 use crate::space::CpuSpace;
 use crate::strategy::{strategy_by_name, STRATEGY_NAMES};
-use crate::task_scheduler::RoundRobin;
+use crate::task_scheduler::{scheduler_by_name, RoundRobin, DEFAULT_SCHEDULER, SCHEDULER_NAMES};
 use crate::tuner::{finalists, retime_finalists, tune, TuneOptions};
 use harl_build::cache::{LookupSource, Record, TuningCache};
 use harl_build::codegen::Variant;
-use harl_build::default_schedule::default_schedule;
+use harl_build::default_schedule::{default_schedule, CpuTarget};
 use harl_build::lower::lower;
 use harl_build::manifest::{Manifest, ManifestKernel, TuneOutcome};
 use harl_build::schedule::Schedule;
@@ -32,10 +36,18 @@ use std::time::{Duration, Instant};
 /// The knobs of a job.
 #[derive(Clone, Debug)]
 pub struct JobOptions {
-    /// Measured trials per kernel.
+    /// Measured trials per kernel, on average: a job of N kernels shares N times this, unless
+    /// [`JobOptions::total_trials`] says otherwise.
     pub trials: usize,
-    /// Wall-time budget per kernel.
+    /// Wall-time budget per kernel, on average (N times this for the job), unless
+    /// [`JobOptions::total_seconds`] says otherwise.
     pub seconds: Option<u64>,
+    /// The whole job's trial budget, shared by its kernels.
+    pub total_trials: Option<usize>,
+    /// The whole job's wall-time budget, shared by its kernels.
+    pub total_seconds: Option<u64>,
+    /// Which kernel gets the next round ([`SCHEDULER_NAMES`]).
+    pub scheduler: String,
     /// Seed of every search decision.
     pub seed: u64,
     /// Search strategy ([`STRATEGY_NAMES`]).
@@ -59,6 +71,9 @@ impl Default for JobOptions {
         JobOptions {
             trials: 64,
             seconds: None,
+            total_trials: None,
+            total_seconds: None,
+            scheduler: DEFAULT_SCHEDULER.into(),
             seed: 0,
             strategy: "ansor".into(),
             cost_model: DEFAULT_COST_MODEL.into(),
@@ -71,12 +86,29 @@ impl Default for JobOptions {
     }
 }
 
+impl JobOptions {
+    /// The trial budget of a job of `kernels` kernels.
+    pub fn job_trials(&self, kernels: usize) -> usize {
+        self.total_trials
+            .unwrap_or_else(|| self.trials.saturating_mul(kernels))
+    }
+
+    /// The wall-time budget of a job of `kernels` kernels, if any.
+    pub fn job_seconds(&self, kernels: usize) -> Option<u64> {
+        self.total_seconds
+            .or_else(|| self.seconds.map(|s| s.saturating_mul(kernels as u64)))
+    }
+}
+
 /// Why a job cannot start.
 #[derive(Debug, thiserror::Error)]
 pub enum JobError {
     /// An unknown strategy name.
     #[error("`{0}` is not a strategy ({STRATEGY_NAMES})")]
     Strategy(String),
+    /// An unknown task scheduler name.
+    #[error("`{0}` is not a task scheduler ({SCHEDULER_NAMES})")]
+    Scheduler(String),
     /// An unknown cost model, or one that cannot be made (its dataset is unusable).
     #[error("cost model `{0}`: {1}")]
     CostModel(String, String),
@@ -90,11 +122,13 @@ pub enum JobError {
 
 /// What a job reports as it goes (a terminal's progress bars, a build script's log).
 pub trait Progress {
-    /// A kernel's tune starts, with its trial budget.
-    fn start(&mut self, kernel: &str, budget: usize);
-    /// After each measured batch: trials so far and the best GFLOP/s so far.
-    fn advance(&mut self, trials: usize, best_gflops: Option<f64>);
-    /// The kernel is done.
+    /// The job's search starts: what it tunes (a kernel's name, or how many kernels) and its
+    /// trial budget.
+    fn start(&mut self, label: &str, budget: usize);
+    /// After each measured batch: the job's trials so far, the kernel just measured and its
+    /// best GFLOP/s so far.
+    fn advance(&mut self, trials: usize, kernel: &str, best_gflops: Option<f64>);
+    /// A kernel is done (after the search, one call per kernel).
     fn finish(&mut self, outcome: &TuneOutcome);
 }
 
@@ -148,9 +182,20 @@ pub fn has_exact_record(manifest: &Manifest, kernel: &ManifestKernel) -> bool {
         })
 }
 
-/// Tunes `kernels` (what [`select`] chose) in turn, and with GPU code the shard's GPU kernels
-/// too. A kernel whose tune fails is an outcome with a note, not
-/// an error: the others go on.
+/// How often the crate runs a workload: the weights of its kernels that share it, summed.
+pub fn workload_weight(manifest: &Manifest, kernel: &ManifestKernel) -> f64 {
+    manifest
+        .kernels
+        .iter()
+        .filter(|k| k.workload_key == kernel.workload_key)
+        .map(|k| k.weight)
+        .sum::<f64>()
+        .max(f64::MIN_POSITIVE)
+}
+
+/// Tunes `kernels` (what [`select`] chose) together, and with GPU code the shard's GPU
+/// kernels too. A kernel whose tune fails is an outcome with a note, not an error: the others
+/// go on.
 pub fn run(
     manifest: &Manifest,
     kernels: &[&ManifestKernel],
@@ -160,10 +205,15 @@ pub fn run(
     if strategy_by_name::<CpuSpace>(&options.strategy, options.seed).is_none() {
         return Err(JobError::Strategy(options.strategy.clone()));
     }
-    if !kernels.is_empty() {
-        // A bad name fails the job before any work (the prior it fits is kept for the kernels).
-        cost_model(manifest, options)?;
+    if scheduler_by_name(&options.scheduler).is_none() {
+        return Err(JobError::Scheduler(options.scheduler.clone()));
     }
+    // A bad name fails the job before any work.
+    let model = if kernels.is_empty() {
+        None
+    } else {
+        Some(cost_model(manifest, options)?)
+    };
     let mut outcomes = Vec::new();
     if manifest.cuda {
         // GPU records are per device, which only the GPU measurer knows: every kernel of the
@@ -174,20 +224,68 @@ pub fn run(
             outcomes.extend(tune_gpu(manifest, kernel, options));
         }
     }
-    if kernels.is_empty() {
+    let Some(mut model) = model else {
         return Ok(outcomes);
-    }
+    };
     let harl_root = manifest
         .harl_root
         .clone()
         .ok_or_else(|| JobError::NoHarl(manifest.package.clone()))?;
-    for &kernel in kernels {
-        progress.start(&kernel.name, options.trials);
-        let outcome = tune_one(manifest, kernel, &harl_root, options, progress);
-        progress.finish(&outcome);
-        outcomes.push(outcome);
-    }
+    let threads = threads(manifest, options);
+    let failed = |note: String| -> Vec<TuneOutcome> {
+        kernels
+            .iter()
+            .map(|k| TuneOutcome {
+                note: Some(note.clone()),
+                ..blank_outcome(k)
+            })
+            .collect()
+    };
+    let Some(variant) = Variant::ALL
+        .into_iter()
+        .find(|v| v.isa_class(&manifest.target.arch) == manifest.target.isa_class)
+    else {
+        outcomes.extend(failed(format!(
+            "no code variant for ISA class {}",
+            manifest.target.isa_class
+        )));
+        return Ok(outcomes);
+    };
+    // Beside the generated code, not in it (`OUT_DIR/harl-measure`, where builds always kept
+    // it): the workers' release build of harl and rayon is reused across tunes.
+    let work_dir = manifest.gen_dir.parent().map_or_else(
+        || manifest.gen_dir.join("measure"),
+        |out| out.join("harl-measure"),
+    );
+    let mut config = MeasureConfig::new(work_dir, &harl_root);
+    config.threads = threads;
+    config.seed = options.seed;
+    let mut measurer = match Measurer::new(config) {
+        Ok(m) => m,
+        Err(e) => {
+            outcomes.extend(failed(format!("cannot measure: {e}")));
+            return Ok(outcomes);
+        }
+    };
+    let cpu = variant.cpu_target(&manifest.target.arch, threads);
+    outcomes.extend(tune_kernels(
+        manifest,
+        kernels,
+        &cpu,
+        options,
+        model.as_mut(),
+        &mut measurer,
+        progress,
+    ));
     Ok(outcomes)
+}
+
+fn blank_outcome(kernel: &ManifestKernel) -> TuneOutcome {
+    TuneOutcome {
+        name: kernel.name.clone(),
+        workload_key: kernel.workload_key.clone(),
+        ..TuneOutcome::default()
+    }
 }
 
 /// The job's cost model.
@@ -234,126 +332,157 @@ pub fn log_path(manifest: &Manifest, kernel: &ManifestKernel, options: &JobOptio
         ))
 }
 
-fn tune_one(
+/// The CPU search of a job over `measurer`: every kernel's default timed first, then one
+/// budget spread over the kernels by the task scheduler, then each kernel's finalists re-timed
+/// beside its default and the winner recorded. One outcome per kernel, in order.
+pub fn tune_kernels(
     manifest: &Manifest,
-    kernel: &ManifestKernel,
-    harl_root: &Path,
+    kernels: &[&ManifestKernel],
+    cpu: &CpuTarget,
     options: &JobOptions,
+    model: &mut dyn CostModel,
+    measurer: &mut dyn Measure,
     progress: &mut dyn Progress,
-) -> TuneOutcome {
+) -> Vec<TuneOutcome> {
     let start = Instant::now();
-    let mut outcome = TuneOutcome {
-        name: kernel.name.clone(),
-        workload_key: kernel.workload_key.clone(),
-        ..TuneOutcome::default()
-    };
-    let threads = threads(manifest, options);
-    // Beside the generated code, not in it (`OUT_DIR/harl-measure`, where builds always kept
-    // it): the workers' release build of harl and rayon is reused across tunes.
-    let work_dir = manifest.gen_dir.parent().map_or_else(
-        || manifest.gen_dir.join("measure"),
-        |out| out.join("harl-measure"),
-    );
-    let mut config = MeasureConfig::new(work_dir, harl_root);
-    config.threads = threads;
-    config.seed = options.seed;
-    let mut measurer = match Measurer::new(config) {
-        Ok(m) => m,
-        Err(e) => {
-            outcome.note = Some(format!("cannot measure: {e}"));
-            return outcome;
+    let mut outcomes: Vec<TuneOutcome> = kernels.iter().map(|k| blank_outcome(k)).collect();
+    let (Some(mut strategy), Some(mut scheduler)) = (
+        strategy_by_name(&options.strategy, options.seed),
+        scheduler_by_name(&options.scheduler),
+    ) else {
+        for o in &mut outcomes {
+            o.note = Some(format!(
+                "`{}` / `{}` is not a strategy / task scheduler",
+                options.strategy, options.scheduler
+            ));
         }
+        return outcomes;
     };
-    let Some(variant) = Variant::ALL
-        .into_iter()
-        .find(|v| v.isa_class(&manifest.target.arch) == manifest.target.isa_class)
-    else {
-        outcome.note = Some(format!(
-            "no code variant for ISA class {}",
-            manifest.target.isa_class
-        ));
-        return outcome;
+    if kernels.len() == 1 {
+        // Nothing to choose between: the control, which draws nothing from the seed.
+        scheduler = Box::new(RoundRobin::default());
+    }
+    let budget = options.job_trials(kernels.len());
+    let label = match kernels {
+        [one] => one.name.clone(),
+        _ => format!(
+            "{} kernels ({} task scheduler)",
+            kernels.len(),
+            options.scheduler
+        ),
     };
-    let cpu = variant.cpu_target(&manifest.target.arch, threads);
-    let log = log_path(manifest, kernel, options);
-    let mut logged = TrialLog::open(&log, kernel, options, &mut measurer, progress);
-    let default = default_schedule(&kernel.graph, &cpu);
-    logged.is_default = true;
-    let default_latency = logged
-        .measure(&kernel.graph, std::slice::from_ref(&default))
-        .into_iter()
-        .next()
-        .and_then(Result::ok);
-    logged.is_default = false;
-    outcome.default_latency_s = default_latency;
-    let Some(mut strategy) = strategy_by_name(&options.strategy, options.seed) else {
-        outcome.note = Some(format!("`{}` is not a strategy", options.strategy));
-        return outcome;
-    };
+    progress.start(&label, budget);
+    let mut log = JobLog::open(manifest, kernels, options, measurer, progress);
+    let defaults: Vec<Schedule> = kernels
+        .iter()
+        .map(|k| default_schedule(&k.graph, cpu))
+        .collect();
+    log.phase = Phase::Default;
+    for ((kernel, default), outcome) in kernels.iter().zip(&defaults).zip(&mut outcomes) {
+        outcome.default_latency_s = log
+            .measure(&kernel.graph, std::slice::from_ref(default))
+            .into_iter()
+            .next()
+            .and_then(Result::ok);
+    }
+    log.phase = Phase::Search;
     let tune_options = TuneOptions {
-        trials: options.trials,
-        batch: 16,
-        time_budget: options.seconds.map(Duration::from_secs),
+        trials: budget,
+        // As Ansor's task scheduler: rounds small enough that every kernel gets one.
+        batch: (budget / kernels.len().max(1)).clamp(1, 16),
+        time_budget: options.job_seconds(kernels.len()).map(Duration::from_secs),
         seed: options.seed,
         seed_default: true,
     };
-    let mut model = match cost_model(manifest, options) {
-        Ok(m) => m,
-        Err(e) => {
-            outcome.note = Some(e.to_string());
-            return outcome;
-        }
-    };
-    let task = Task::new(kernel.name.clone(), kernel.graph.clone(), 1.0);
+    let tasks = kernels
+        .iter()
+        .map(|k| {
+            Task::new(
+                k.name.clone(),
+                k.graph.clone(),
+                workload_weight(manifest, k),
+            )
+        })
+        .collect();
     let result = tune(
-        vec![task],
-        &cpu,
+        tasks,
+        cpu,
         &tune_options,
         strategy.as_mut(),
-        &mut RoundRobin::default(),
-        model.as_mut(),
-        &mut logged,
+        scheduler.as_mut(),
+        model,
+        &mut log,
     );
-    outcome.trials = result.trials;
     // What ships is chosen on the finalists and the default timed again side by side, never
     // on the search's one-off timings: the default is shipped unless a finalist beats it there.
-    let mut schedules = vec![default.clone()];
-    if let Some(state) = result.tasks.first() {
-        schedules.extend(
-            finalists(state, FINALISTS)
-                .into_iter()
-                .filter(|s| *s != default),
-        );
-    }
     // Through the trial log, so a resumed tune replays these too and ships the same.
-    logged.is_final = true;
-    let medians = if schedules.len() > 1 {
-        retime_finalists(&mut logged, &kernel.graph, &schedules, FINAL_ROUNDS)
-    } else {
-        vec![default_latency]
-    };
-    drop(logged);
-    if let Some(d) = medians[0] {
-        outcome.default_latency_s = Some(d);
+    log.phase = Phase::Final;
+    for (i, ((kernel, default), outcome)) in
+        kernels.iter().zip(defaults).zip(&mut outcomes).enumerate()
+    {
+        let mut schedules = vec![default.clone()];
+        if let Some(state) = result.tasks.get(i) {
+            outcome.trials = state.trials.len();
+            schedules.extend(
+                finalists(state, FINALISTS)
+                    .into_iter()
+                    .filter(|s| *s != default),
+            );
+        }
+        let medians = if schedules.len() > 1 {
+            retime_finalists(&mut log, &kernel.graph, &schedules, FINAL_ROUNDS)
+        } else {
+            vec![outcome.default_latency_s]
+        };
+        if let Some(d) = medians[0] {
+            outcome.default_latency_s = Some(d);
+        }
+        let chosen = schedules
+            .into_iter()
+            .zip(medians)
+            .filter_map(|(s, m)| m.map(|m| (s, m)))
+            .min_by(|a, b| a.1.total_cmp(&b.1));
+        match chosen {
+            Some((schedule, latency)) => {
+                outcome.latency_s = Some(latency);
+                record(manifest, kernel, schedule, latency, outcome);
+            }
+            None => {
+                outcome.note =
+                    Some("every trial failed; the build keeps the default schedule".into())
+            }
+        }
     }
-    let chosen = schedules
-        .into_iter()
-        .zip(medians)
-        .filter_map(|(s, m)| m.map(|m| (s, m)))
-        .min_by(|a, b| a.1.total_cmp(&b.1));
-    let Some((schedule, latency)) = chosen else {
-        outcome.note = Some("every trial failed; the build keeps the default schedule".into());
-        outcome.wall_s = start.elapsed().as_secs_f64();
-        return outcome;
-    };
-    outcome.latency_s = Some(latency);
+    // Each kernel's share of the job's time: its own measurements, and the rest (proposals,
+    // retraining) in proportion to its trials.
+    let wall = start.elapsed().as_secs_f64();
+    let measured: f64 = log.seconds.iter().sum();
+    let trials = outcomes.iter().map(|o| o.trials).sum::<usize>().max(1);
+    for (o, own) in outcomes.iter_mut().zip(&log.seconds) {
+        o.wall_s = own + (wall - measured).max(0.0) * o.trials as f64 / trials as f64;
+    }
+    for o in &outcomes {
+        log.progress.finish(o);
+    }
+    outcomes
+}
+
+/// Appends the kernel's record to the crate's cache (or, if that is read-only, to the build's
+/// local cache), noting where it went.
+fn record(
+    manifest: &Manifest,
+    kernel: &ManifestKernel,
+    schedule: Schedule,
+    latency: f64,
+    outcome: &mut TuneOutcome,
+) {
     let record = Record::new(
         kernel.workload_key.clone(),
         &kernel.name,
         manifest.target.clone(),
         schedule,
         latency,
-        result.trials as u64,
+        outcome.trials as u64,
     );
     match TuningCache::new(&manifest.cache_dir).append(&record) {
         Ok(path) => outcome.recorded_in = Some(path),
@@ -373,8 +502,6 @@ fn tune_one(
             }
         },
     }
-    outcome.wall_s = start.elapsed().as_secs_f64();
-    outcome
 }
 
 /// Tunes a kernel's GPU schedule on this machine's GPU (device 0) when the cache has no record
@@ -527,33 +654,34 @@ pub fn read_log(path: &Path) -> Option<(LogHeader, Vec<LogTrial>)> {
     Some((header, trials))
 }
 
-/// The measurer as the tuner sees it: logged trials are replayed, new ones measured, logged
-/// and reported.
-struct TrialLog<'a> {
-    inner: &'a mut dyn Measure,
-    progress: &'a mut dyn Progress,
+/// Which measurements a job is taking: they are logged with it, and a resumed job replays
+/// each from its own kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// The defaults, before the search.
+    Default,
+    /// The search's trials.
+    Search,
+    /// The finalists' re-timings.
+    Final,
+}
+
+/// One kernel's part of a [`JobLog`].
+struct KernelLog {
+    name: String,
+    key: String,
+    flops: f64,
     replay: HashMap<String, Result<f64, String>>,
     /// The finalists' logged re-timings per schedule, in order.
     finals: HashMap<String, VecDeque<Result<f64, String>>>,
     file: Option<std::fs::File>,
-    flops: f64,
-    start: Instant,
-    trials: usize,
     best: Option<f64>,
-    is_default: bool,
-    is_final: bool,
 }
 
-impl<'a> TrialLog<'a> {
+impl KernelLog {
     /// Reads what an earlier run with the same settings logged, then starts the log afresh (it
     /// is rewritten trial by trial, so it always holds exactly the latest run).
-    fn open(
-        path: &Path,
-        kernel: &ManifestKernel,
-        options: &JobOptions,
-        inner: &'a mut dyn Measure,
-        progress: &'a mut dyn Progress,
-    ) -> Self {
+    fn open(path: &Path, kernel: &ManifestKernel, options: &JobOptions) -> Self {
         let mut replay = HashMap::new();
         let mut finals: HashMap<String, VecDeque<Result<f64, String>>> = HashMap::new();
         let logged = read_log(path).filter(|(h, _)| h.workload_key == kernel.workload_key);
@@ -571,33 +699,28 @@ impl<'a> TrialLog<'a> {
                 replay.insert(key, result);
             }
         }
-        let header = LogHeader {
-            kernel: kernel.name.clone(),
-            workload_key: kernel.workload_key.clone(),
-            flops: kernel.graph.flops(),
-            strategy: options.strategy.clone(),
-            seed: options.seed,
-            trials: options.trials,
-        };
         let file = path
             .parent()
             .map(std::fs::create_dir_all)
             .and_then(Result::ok)
             .and_then(|_| std::fs::File::create(path).ok());
-        let mut log = TrialLog {
-            inner,
-            progress,
+        let mut log = KernelLog {
+            name: kernel.name.clone(),
+            key: kernel.workload_key.clone(),
+            flops: kernel.graph.flops(),
             replay,
             finals,
             file,
-            flops: kernel.graph.flops(),
-            start: Instant::now(),
-            trials: 0,
             best: None,
-            is_default: false,
-            is_final: false,
         };
-        log.write_line(&header);
+        log.write_line(&LogHeader {
+            kernel: kernel.name.clone(),
+            workload_key: kernel.workload_key.clone(),
+            flops: log.flops,
+            strategy: options.strategy.clone(),
+            seed: options.seed,
+            trials: options.trials,
+        });
         log
     }
 
@@ -607,26 +730,70 @@ impl<'a> TrialLog<'a> {
             let _ = writeln!(f, "{line}").and_then(|_| f.flush());
         }
     }
+
+    /// What an earlier run logged for this schedule in this phase, if anything. (A finalists'
+    /// round replays that schedule's next logged re-timing.)
+    fn logged(&mut self, schedule: &Schedule, phase: Phase) -> Option<Result<f64, String>> {
+        let key = serde_json::to_string(schedule).ok()?;
+        match phase {
+            Phase::Final => self.finals.get_mut(&key)?.pop_front(),
+            Phase::Default | Phase::Search => self.replay.get(&key).cloned(),
+        }
+    }
 }
 
-impl Measure for TrialLog<'_> {
+/// The measurer as the tuner sees it: each kernel's logged trials are replayed, new ones
+/// measured, logged and reported.
+struct JobLog<'a> {
+    inner: &'a mut dyn Measure,
+    progress: &'a mut dyn Progress,
+    kernels: Vec<KernelLog>,
+    /// Seconds spent measuring each kernel.
+    seconds: Vec<f64>,
+    start: Instant,
+    /// Search trials of the whole job so far.
+    trials: usize,
+    phase: Phase,
+}
+
+impl<'a> JobLog<'a> {
+    fn open(
+        manifest: &Manifest,
+        kernels: &[&ManifestKernel],
+        options: &JobOptions,
+        inner: &'a mut dyn Measure,
+        progress: &'a mut dyn Progress,
+    ) -> Self {
+        JobLog {
+            inner,
+            progress,
+            kernels: kernels
+                .iter()
+                .map(|k| KernelLog::open(&log_path(manifest, k, options), k, options))
+                .collect(),
+            seconds: vec![0.0; kernels.len()],
+            start: Instant::now(),
+            trials: 0,
+            phase: Phase::Search,
+        }
+    }
+}
+
+impl Measure for JobLog<'_> {
     fn set_best(&mut self, best_s: Option<f64>) {
         self.inner.set_best(best_s);
     }
 
     fn measure(&mut self, graph: &Graph, schedules: &[Schedule]) -> Vec<Result<f64, String>> {
-        // What an earlier run logged for each schedule; the rest is measured, in one batch.
-        // (A finalists' round replays that schedule's next logged re-timing.)
+        let key = graph.workload_key();
+        let Some(k) = self.kernels.iter().position(|l| l.key == key) else {
+            // Not one of the job's kernels: nothing to replay or log.
+            return self.inner.measure(graph, schedules);
+        };
+        let phase = self.phase;
         let logged: Vec<Option<Result<f64, String>>> = schedules
             .iter()
-            .map(|s| {
-                let key = serde_json::to_string(s).ok()?;
-                if self.is_final {
-                    self.finals.get_mut(&key)?.pop_front()
-                } else {
-                    self.replay.get(&key).cloned()
-                }
-            })
+            .map(|s| self.kernels[k].logged(s, phase))
             .collect();
         let fresh: Vec<Schedule> = schedules
             .iter()
@@ -634,12 +801,16 @@ impl Measure for TrialLog<'_> {
             .filter(|(_, l)| l.is_none())
             .map(|(s, _)| s.clone())
             .collect();
+        let measuring = Instant::now();
         let mut measured = if fresh.is_empty() {
             Vec::new()
         } else {
             self.inner.measure(graph, &fresh)
         }
         .into_iter();
+        self.seconds[k] += measuring.elapsed().as_secs_f64();
+        let elapsed_s = self.start.elapsed().as_secs_f64();
+        let log = &mut self.kernels[k];
         let mut results = Vec::with_capacity(schedules.len());
         for (schedule, logged) in schedules.iter().zip(logged) {
             let result = logged.unwrap_or_else(|| {
@@ -647,24 +818,24 @@ impl Measure for TrialLog<'_> {
                     .next()
                     .unwrap_or_else(|| Err("the measurer returned too few results".into()))
             });
-            self.write_line(&LogTrial {
+            log.write_line(&LogTrial {
                 schedule: schedule.clone(),
                 latency_s: result.as_ref().ok().copied(),
                 error: result.as_ref().err().cloned(),
-                default: self.is_default,
-                final_round: self.is_final,
-                elapsed_s: self.start.elapsed().as_secs_f64(),
+                default: phase == Phase::Default,
+                final_round: phase == Phase::Final,
+                elapsed_s,
             });
             if let Ok(l) = result {
-                self.best = Some(self.best.map_or(l, |b: f64| b.min(l)));
+                log.best = Some(log.best.map_or(l, |b: f64| b.min(l)));
             }
             results.push(result);
         }
-        if !self.is_default && !self.is_final {
+        if phase == Phase::Search {
             self.trials += schedules.len();
         }
-        let gflops = self.best.map(|b| self.flops / b / 1e9);
-        self.progress.advance(self.trials, gflops);
+        let gflops = log.best.map(|b| log.flops / b / 1e9);
+        self.progress.advance(self.trials, &log.name, gflops);
         results
     }
 }
@@ -674,6 +845,179 @@ pub struct Silent;
 
 impl Progress for Silent {
     fn start(&mut self, _: &str, _: usize) {}
-    fn advance(&mut self, _: usize, _: Option<f64>) {}
+    fn advance(&mut self, _: usize, _: &str, _: Option<f64>) {}
     fn finish(&mut self, _: &TuneOutcome) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cost_model::XgbModel;
+    use harl_build::target::TargetFingerprint;
+    use harl_te::ops::workloads;
+
+    /// A deterministic stand-in for the measurer: latency from a hash of the schedule, scaled
+    /// by the graph's work; counts the schedules it was asked to time.
+    #[derive(Default)]
+    struct Fake {
+        timed: usize,
+    }
+
+    impl Measure for Fake {
+        fn measure(&mut self, graph: &Graph, schedules: &[Schedule]) -> Vec<Result<f64, String>> {
+            self.timed += schedules.len();
+            schedules
+                .iter()
+                .map(|s| {
+                    let h = format!("{:?}", s.steps)
+                        .bytes()
+                        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                            (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+                        });
+                    Ok(graph.flops() * 1e-11 * (1.0 + (h % 1000) as f64 / 1000.0))
+                })
+                .collect()
+        }
+    }
+
+    fn kernel(name: &str, graph: Graph, weight: f64) -> ManifestKernel {
+        ManifestKernel {
+            name: name.into(),
+            workload_key: graph.workload_key(),
+            graph,
+            weight,
+        }
+    }
+
+    fn manifest(dir: &Path) -> Manifest {
+        Manifest {
+            version: harl_build::manifest::MANIFEST_VERSION,
+            package: "t".into(),
+            manifest_dir: dir.to_path_buf(),
+            cache_dir: dir.join("cache"),
+            local_cache: dir.join("local"),
+            gen_dir: dir.join("out/harl"),
+            harl_root: None,
+            target: TargetFingerprint::host(),
+            threads: 1,
+            cuda: false,
+            kernels: vec![
+                kernel(
+                    "heavy",
+                    workloads::matmul(64, 64, 64).expect("matmul"),
+                    12.0,
+                ),
+                kernel("light", workloads::matmul(32, 48, 16).expect("matmul"), 1.0),
+                // The same workload under a second name: one task, their weights summed.
+                kernel(
+                    "light2",
+                    workloads::matmul(32, 48, 16).expect("matmul"),
+                    2.0,
+                ),
+            ],
+        }
+    }
+
+    fn job(m: &Manifest, options: &JobOptions, fake: &mut Fake) -> Vec<TuneOutcome> {
+        let kernels = select(m, options).expect("select");
+        let cpu = Variant::Avx512.cpu_target("x86_64", 1);
+        let mut model = XgbModel::with_seed(options.seed);
+        tune_kernels(m, &kernels, &cpu, options, &mut model, fake, &mut Silent)
+    }
+
+    fn options(scheduler: &str) -> JobOptions {
+        JobOptions {
+            trials: 32,
+            scheduler: scheduler.into(),
+            cost_model: "xgb".into(),
+            force: true,
+            ..JobOptions::default()
+        }
+    }
+
+    #[test]
+    fn one_budget_is_shared_by_the_kernels_and_each_gets_a_record() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let m = manifest(dir.path());
+        let kernels = select(&m, &options("harl")).expect("select");
+        assert_eq!(kernels.len(), 2, "kernels sharing a workload are one task");
+        let light = kernels.iter().find(|k| k.name == "light").expect("light");
+        assert_eq!(workload_weight(&m, light), 3.0);
+        let outcomes = job(&m, &options("harl"), &mut Fake::default());
+        assert_eq!(outcomes.len(), 2);
+        assert_eq!(outcomes.iter().map(|o| o.trials).sum::<usize>(), 64);
+        for o in &outcomes {
+            assert!(
+                o.trials > 0,
+                "{}: every kernel gets its first round",
+                o.name
+            );
+            let (Some(t), Some(d)) = (o.latency_s, o.default_latency_s) else {
+                panic!("{}: no latency", o.name);
+            };
+            assert!(
+                t <= d,
+                "{}: shipped {t}, slower than the default {d}",
+                o.name
+            );
+            assert!(o.recorded_in.is_some(), "{}: {:?}", o.name, o.note);
+        }
+        for k in &kernels {
+            assert!(has_exact_record(&m, k), "{} has no record", k.name);
+        }
+    }
+
+    #[test]
+    fn the_scheduler_decides_the_split_and_a_rerun_replays_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let m = manifest(dir.path());
+        let split = |o: &[TuneOutcome]| o.iter().map(|o| o.trials).collect::<Vec<_>>();
+        let mut fake = Fake::default();
+        let round_robin = split(&job(&m, &options("round-robin"), &mut fake));
+        assert_eq!(round_robin, [32, 32]);
+        let mut first = Fake::default();
+        let harl = job(&m, &options("harl"), &mut first);
+        assert!(first.timed > 0);
+        // The heavy kernel is ~40x the light one's share of the end-to-end time (12x its
+        // weight, 3x the light's 3; ~10x its work): the bandit spends more on it.
+        let trials_of = |name: &str| harl.iter().find(|o| o.name == name).map(|o| o.trials);
+        assert!(
+            trials_of("heavy") > trials_of("light"),
+            "{:?}",
+            split(&harl)
+        );
+        // The same settings again: every measurement comes from the trial logs, and the search
+        // walks the same path to the same split and the same records.
+        let mut again = Fake::default();
+        let replayed = job(&m, &options("harl"), &mut again);
+        assert_eq!(again.timed, 0, "a rerun measured anew");
+        assert_eq!(split(&harl), split(&replayed));
+        for (a, b) in harl.iter().zip(&replayed) {
+            assert_eq!(a.latency_s, b.latency_s);
+        }
+    }
+
+    #[test]
+    fn budgets_pool_per_kernel_figures_unless_a_total_is_given() {
+        let o = JobOptions {
+            trials: 64,
+            seconds: Some(60),
+            ..JobOptions::default()
+        };
+        assert_eq!((o.job_trials(5), o.job_seconds(5)), (320, Some(300)));
+        let o = JobOptions {
+            total_trials: Some(100),
+            total_seconds: Some(1200),
+            ..o
+        };
+        assert_eq!((o.job_trials(5), o.job_seconds(5)), (100, Some(1200)));
+        assert_eq!(
+            JobOptions {
+                trials: usize::MAX,
+                ..JobOptions::default()
+            }
+            .job_trials(3),
+            usize::MAX
+        );
+    }
 }

@@ -1,5 +1,6 @@
-//! Live progress of a tune: a bar per kernel on a terminal (trials / budget, best GFLOP/s so
-//! far, ETA), plain lines elsewhere (a build script's log, CI), and the closing table.
+//! Live progress of a tune: a bar per job (one crate's kernels, tuned together) on a terminal
+//! (trials / budget, the kernel just measured and its best GFLOP/s so far, ETA), plain lines
+//! elsewhere (a build script's log, CI), and the closing table.
 
 use std::io::IsTerminal;
 use std::time::Instant;
@@ -13,10 +14,11 @@ use indicatif::{ProgressBar, ProgressStyle};
 pub struct Live {
     bar: Option<ProgressBar>,
     terminal: bool,
+    /// What the job tunes (a kernel, or "N kernels").
     kernel: String,
     budget: usize,
     started: Instant,
-    /// The kernel's position in the job and the job's size, for "[2/5]".
+    /// The job's position among the tool's jobs and their number, for "[2/5]".
     pub position: (usize, usize),
 }
 
@@ -48,7 +50,7 @@ impl Progress for Live {
         if self.terminal {
             let bar = ProgressBar::new(budget as u64);
             if let Ok(style) = ProgressStyle::with_template(
-                "{prefix:.bold} [{bar:30}] {pos}/{len} trials, best {msg}, {elapsed} (ETA {eta})",
+                "{prefix:.bold} [{bar:30}] {pos}/{len} trials, best of {msg}, {elapsed} (ETA {eta})",
             ) {
                 bar.set_style(style.progress_chars("=> "));
             }
@@ -60,17 +62,17 @@ impl Progress for Live {
         }
     }
 
-    fn advance(&mut self, trials: usize, best_gflops: Option<f64>) {
+    fn advance(&mut self, trials: usize, kernel: &str, best_gflops: Option<f64>) {
+        let best = format!("{}: {}", escape(kernel), gflops(best_gflops));
         match &self.bar {
             Some(bar) => {
                 bar.set_position(trials as u64);
-                bar.set_message(gflops(best_gflops));
+                bar.set_message(best);
             }
             None => eprintln!(
-                "{}: {trials}/{} trials, best {}, {:.0} s",
+                "{}: {trials}/{} trials, {best}, {:.0} s",
                 self.kernel,
                 self.budget,
-                gflops(best_gflops),
                 self.started.elapsed().as_secs_f64()
             ),
         }
@@ -81,7 +83,7 @@ impl Progress for Live {
             bar.finish();
         }
         if let Some(note) = &outcome.note {
-            eprintln!("{}: {}", self.kernel, escape(note));
+            eprintln!("{}: {}", escape(&outcome.name), escape(note));
         }
     }
 }

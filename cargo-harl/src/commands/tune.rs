@@ -30,12 +30,23 @@ pub struct TuneArgs {
     /// Also write what was done as JSON here (read by the build script that called the tool).
     #[arg(long, value_name = "FILE")]
     pub results: Option<PathBuf>,
-    /// Measured trials per kernel.
+    /// Measured trials per kernel, on average: the kernels of a crate share one budget of
+    /// this many times their number.
     #[arg(long, env = "HARL_TRIALS", default_value_t = 64)]
     pub trials: usize,
-    /// Wall-time budget per kernel, in seconds.
+    /// Wall-time budget per kernel, on average, in seconds (shared like --trials).
     #[arg(long = "time", env = "HARL_TUNE_SECONDS", default_value_t = 600)]
     pub seconds: u64,
+    /// The whole crate's trial budget, shared by its kernels (instead of --trials each).
+    #[arg(long, env = "HARL_TOTAL_TRIALS")]
+    pub total_trials: Option<usize>,
+    /// The whole crate's wall-time budget in seconds (instead of --time each).
+    #[arg(long = "total-time", env = "HARL_TOTAL_SECONDS")]
+    pub total_seconds: Option<u64>,
+    /// Which kernel gets the next round: harl (HARL's sliding-window UCB bandit, weighing
+    /// each kernel by how often the crate runs it), gradient (Ansor's) or round-robin.
+    #[arg(long, env = "HARL_TASK_SCHEDULER", default_value = harl_tune::task_scheduler::DEFAULT_SCHEDULER)]
+    pub scheduler: String,
     /// Search strategy: harl, ansor, autotvm or random.
     #[arg(long, env = "HARL_STRATEGY", default_value = "ansor")]
     pub strategy: String,
@@ -117,6 +128,9 @@ pub fn run(args: TuneArgs) -> Result<ExitCode, TuneError> {
     let options = JobOptions {
         trials: args.trials,
         seconds: Some(args.seconds),
+        total_trials: args.total_trials,
+        total_seconds: args.total_seconds,
+        scheduler: args.scheduler.clone(),
         seed: args.seed,
         strategy: args.strategy.clone(),
         cost_model: args.cost_model.clone(),
@@ -127,17 +141,19 @@ pub fn run(args: TuneArgs) -> Result<ExitCode, TuneError> {
         gpu_trials: args.gpu_trials,
     };
     let mut outcomes: Vec<TuneOutcome> = Vec::new();
+    let mut live = Live::new(manifests.len());
     for (_, manifest) in &manifests {
         let todo = job::select(manifest, &options)?;
         let cached = manifest.kernels.len() - todo.len();
         eprintln!(
-            "{}: {} kernel(s), {} to tune on {} ({} threads, {} trials each, strategy {}, cost model {}, seed {}{}); cache {}",
+            "{}: {} kernel(s), {} to tune on {} ({} threads, {} trials shared by task scheduler {}, strategy {}, cost model {}, seed {}{}); cache {}",
             escape(&manifest.package),
             manifest.kernels.len(),
             todo.len(),
             escape(&manifest.target.isa_class),
             job::threads(manifest, &options),
-            options.trials,
+            options.job_trials(todo.len()),
+            escape(&options.scheduler),
             escape(&options.strategy),
             escape(&options.cost_model),
             options.seed,
@@ -151,7 +167,6 @@ pub fn run(args: TuneArgs) -> Result<ExitCode, TuneError> {
             );
             continue;
         }
-        let mut live = Live::new(todo.len());
         outcomes.extend(job::run(manifest, &todo, &options, &mut live)?);
     }
     if let Some(path) = &args.results {

@@ -153,6 +153,9 @@ pub struct Report {
 struct Registered {
     name: String,
     graph: Graph,
+    /// Runs per use of the crate (an imported model's calls of the task; 1 otherwise): the
+    /// task scheduler's weight when a tune shares one budget over the kernels.
+    weight: f64,
 }
 
 /// Configures and runs harl's build step.
@@ -196,6 +199,7 @@ impl Builder {
         self.kernels.push(Registered {
             name: name.to_string(),
             graph,
+            weight: 1.0,
         });
         self
     }
@@ -288,6 +292,9 @@ impl Builder {
             "HARL_STRATEGY",
             "HARL_COST_MODEL",
             "HARL_TUNE_SECONDS",
+            "HARL_TOTAL_TRIALS",
+            "HARL_TOTAL_SECONDS",
+            "HARL_TASK_SCHEDULER",
             "HARL_GPU_TRIALS",
             "HARL_TUNER",
         ] {
@@ -338,9 +345,14 @@ impl Builder {
             .map(|d| (d.name.as_str(), &d.graph))
             .chain(registered.iter().map(|k| (k.name.as_str(), &k.graph)))
             .collect();
+        let weights: Vec<f64> = found
+            .iter()
+            .map(|_| 1.0)
+            .chain(registered.iter().map(|k| k.weight))
+            .collect();
         let manifest_path = gen_dir.join(MANIFEST_FILE);
         if let Err(e) = self
-            .manifest(&kernels, &env, &gen_dir)
+            .manifest(&kernels, &weights, &env, &gen_dir)
             .write(&manifest_path)
         {
             warn(
@@ -426,6 +438,7 @@ impl Builder {
                 .map(|(t, task)| Registered {
                     name: model::task_name(name, t),
                     graph: task.graph.clone(),
+                    weight: task.weight as f64,
                 })
                 .collect();
             models.push(Model { kernels, module });

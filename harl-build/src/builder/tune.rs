@@ -13,6 +13,7 @@ impl Builder {
     pub(super) fn manifest(
         &self,
         kernels: &[(&str, &Graph)],
+        weights: &[f64],
         env: &BuildEnv,
         gen_dir: &Path,
     ) -> Manifest {
@@ -30,10 +31,12 @@ impl Builder {
             cuda: self.cuda,
             kernels: kernels
                 .iter()
-                .map(|(name, graph)| ManifestKernel {
+                .zip(weights)
+                .map(|((name, graph), &weight)| ManifestKernel {
                     name: name.to_string(),
                     workload_key: graph.workload_key(),
                     graph: (*graph).clone(),
+                    weight,
                 })
                 .collect(),
         }

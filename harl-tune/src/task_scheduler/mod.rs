@@ -40,6 +40,12 @@ pub use gradient::GradientScheduler;
 pub use round_robin::RoundRobin;
 pub use sw_ucb::SwUcbTaskScheduler;
 
+/// The task schedulers' names, for messages.
+pub const SCHEDULER_NAMES: &str = "harl, gradient, round-robin";
+
+/// The task scheduler a tuning job uses unless told otherwise: HARL's bandit.
+pub const DEFAULT_SCHEDULER: &str = "harl";
+
 /// The scheduler called `name`: `gradient` (Ansor), `harl` (sliding-window UCB) or
 /// `round-robin`.
 pub fn scheduler_by_name(name: &str) -> Option<Box<dyn TaskScheduler>> {
