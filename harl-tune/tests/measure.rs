@@ -150,6 +150,30 @@ fn slow_candidates_are_timed_once() {
     assert!(near[0].is_ok() && near[0].runs >= 3, "{:?}", near[0]);
 }
 
+/// A candidate whose first call pays a one-time cost (as preparing weights does) is timed
+/// by its later calls, even when that first call is far slower than the best: the first
+/// call is the checked one, never the measurement.
+#[test]
+fn a_first_call_setup_cost_is_not_the_measurement() {
+    let graph = w::matmul(48, 64, 40).expect("matmul");
+    let prepares_once = raw("static READY: std::sync::OnceLock<()> = std::sync::OnceLock::new();\n    READY.get_or_init(|| std::thread::sleep(std::time::Duration::from_millis(40)));\n    for i in 0..48 {\n        for j in 0..40 {\n            out[i * 40 + j] = (0..64).map(|k| a[i * 64 + k] * b[k * 40 + j]).sum();\n        }\n    }\n    Ok(())");
+    let mut m = Measurer::new(MeasureConfig {
+        slow_cutoff: 2.0,
+        relative_timeout: 10.0,
+        ..config()
+    })
+    .expect("measurer");
+    // A best far under the 40 ms first call: the cutoff applies, to a steady-state run.
+    m.set_best(Some(0.001));
+    let got = m.measure(&graph, &[prepares_once]);
+    assert!(got[0].is_ok(), "{:?}", got[0]);
+    assert!(
+        got[0].latency_s.is_some_and(|l| l < 0.02),
+        "the first call's setup was timed: {:?}",
+        got[0]
+    );
+}
+
 #[test]
 fn pipelined_batches_measure_like_single_ones() {
     let graph = w::dense_bias_relu(16, 32, 24).expect("dense");

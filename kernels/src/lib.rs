@@ -1,5 +1,5 @@
-//! Ready-made tensor kernels, built by harl from the workspace's shipped tuning cache
-//! (`tuning-cache/`; harl's default schedule where the cache has no record).
+//! Ready-made tensor kernels, built by harl from the tuning cache this package ships
+//! (`tuning-cache/` inside it; harl's default schedule where the cache has no record).
 //!
 //! Each kernel is a module with `run(inputs.., out) -> Result<(), harl::KernelError>` (inputs in
 //! the order below, all row-major `f32`; the call checks every slice length), plus

@@ -111,7 +111,8 @@ pub struct MeasureConfig {
 impl MeasureConfig {
     /// A configuration with defaults: all available cores, a 10 s timeout, timing for at least
     /// 100 ms and 3 runs after 1 warm-up run, 64 checked elements, seed 0; once a best latency
-    /// is known, one run for candidates over twice as slow and a timeout of 2 s + 100x best; a
+    /// is known, one timed run (after the checked one) for candidates over twice as slow and a
+    /// timeout of 2 s + 100x best; a
     /// 10-minute build limit.
     pub fn new(work_dir: impl Into<PathBuf>, harl_path: impl Into<PathBuf>) -> Self {
         MeasureConfig {
@@ -1627,13 +1628,16 @@ fn measure(
     if let Some(first) = first {
         return wrong(&format!("{bad} of {} checked elements differ (relative tolerance {tol:e}); first: {first}", points.len()));
     }
-    // Far slower than the best already: the checked run is its measurement.
+    // Far slower than the best already: no warm-up, and the first timed run is its
+    // measurement. Never the checked run itself: a first call pays for preparing weights
+    // (their layout, once per model load), first-touch page faults and the thread pool's
+    // start, which no later call pays, so it ranked every candidate after the batch's
+    // first by its weights' preparation.
     let slow = |s: f64| timing.cutoff > 0.0 && s > timing.cutoff;
-    if slow(check_s) {
-        return format!("\"median_s\":{check_s:e},\"min_s\":{check_s:e},\"max_s\":{check_s:e},\"runs\":1");
-    }
-    for _ in 0..timing.warmup {
-        let _ = call(kernel, inputs, out.inner_mut());
+    if !slow(check_s) {
+        for _ in 0..timing.warmup {
+            let _ = call(kernel, inputs, out.inner_mut());
+        }
     }
     let mut times = Vec::new();
     let start = std::time::Instant::now();
