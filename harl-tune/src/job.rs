@@ -624,7 +624,16 @@ pub struct LogHeader {
     pub seed: u64,
     /// The trial budget.
     pub trials: usize,
+    /// The timing protocol the figures were taken with ([`LOG_PROTOCOL`]; 0 in logs from
+    /// before it was recorded).
+    #[serde(default)]
+    pub protocol: u32,
 }
+
+/// The measurer's timing protocol, recorded in every trial log: a log taken under another one
+/// is not replayed, since its figures are not comparable (2: a candidate over the cutoff is
+/// timed by a steady-state run, no longer by its first call).
+pub const LOG_PROTOCOL: u32 = 2;
 
 /// One measured schedule of a trial log.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -684,7 +693,8 @@ impl KernelLog {
     fn open(path: &Path, kernel: &ManifestKernel, options: &JobOptions) -> Self {
         let mut replay = HashMap::new();
         let mut finals: HashMap<String, VecDeque<Result<f64, String>>> = HashMap::new();
-        let logged = read_log(path).filter(|(h, _)| h.workload_key == kernel.workload_key);
+        let logged = read_log(path)
+            .filter(|(h, _)| h.workload_key == kernel.workload_key && h.protocol == LOG_PROTOCOL);
         for t in logged.map(|(_, trials)| trials).unwrap_or_default() {
             let Ok(key) = serde_json::to_string(&t.schedule) else {
                 continue;
@@ -720,6 +730,7 @@ impl KernelLog {
             strategy: options.strategy.clone(),
             seed: options.seed,
             trials: options.trials,
+            protocol: LOG_PROTOCOL,
         });
         log
     }
@@ -995,6 +1006,28 @@ mod tests {
         for (a, b) in harl.iter().zip(&replayed) {
             assert_eq!(a.latency_s, b.latency_s);
         }
+    }
+
+    #[test]
+    fn logs_of_another_timing_protocol_are_not_replayed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let m = manifest(dir.path());
+        let mut first = Fake::default();
+        job(&m, &options("harl"), &mut first);
+        let logs = m.gen_dir.join("tune-log");
+        for entry in std::fs::read_dir(&logs).expect("logs") {
+            let path = entry.expect("entry").path();
+            let text = std::fs::read_to_string(&path).expect("log");
+            let old = text.replacen(&format!("\"protocol\":{LOG_PROTOCOL}"), "\"protocol\":1", 1);
+            assert_ne!(old, text, "the header records its protocol");
+            std::fs::write(&path, old).expect("write");
+        }
+        let mut again = Fake::default();
+        job(&m, &options("harl"), &mut again);
+        assert_eq!(
+            again.timed, first.timed,
+            "an older protocol's figures were replayed"
+        );
     }
 
     #[test]
