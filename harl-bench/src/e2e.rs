@@ -4,7 +4,8 @@
 //!
 //! With `--trials` the build tunes first, as `HARL_TUNE=on` does: this workspace's
 //! `cargo-harl` (release-built) tunes all the network's tasks as one job of N trials, the task
-//! scheduler spreading them by each task's weight, records into `DIR/tuning-cache`.
+//! scheduler spreading them by each task's weight, records into `DIR/tuning-cache`; the
+//! tune's table and log are copied to `DIR/tune-results.json` and `DIR/tune.log`.
 //!
 //! The model is imported (its tasks counted), then a fresh downstream crate registers it with
 //! `harl_build::Builder::onnx` and `cargo build --release` builds it (kernels from the tuning
@@ -124,6 +125,9 @@ pub fn run(o: &Options) -> Result<(), Error> {
     let exe = build(&krate, &package, o, &schedules)?;
     let build_s = started.elapsed().as_secs_f64();
     println!("built in {build_s:.0} s");
+    if matches!(schedules, Schedules::Tuned { .. }) {
+        keep_tune_outputs(&package, &o.out)?;
+    }
     let mut rows = Vec::new();
     let mut table = String::from(
         "| threads | harl ms | onnxruntime ms | harl / onnxruntime | max rel. error |\n|---|---|---|---|---|\n",
@@ -284,6 +288,32 @@ fn main() {
 
 fn target_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/e2e-bench")
+}
+
+/// Copies the tune's table (`tune-results.json`) and log (`tune.log`) from the build's
+/// `OUT_DIR/harl` (the newest of the package's build directories) into `out`.
+fn keep_tune_outputs(package: &str, out: &Path) -> Result<(), Error> {
+    let builds = target_dir().join("release/build");
+    let newest = std::fs::read_dir(&builds)?
+        .filter_map(Result::ok)
+        .filter(|e| {
+            e.file_name()
+                .to_str()
+                .and_then(|n| n.strip_prefix(package))
+                .is_some_and(|rest| rest.starts_with('-'))
+        })
+        .map(|e| e.path().join("out/harl"))
+        .filter(|p| p.join("tune-results.json").exists())
+        .max_by_key(|p| {
+            std::fs::metadata(p.join("tune-results.json"))
+                .and_then(|m| m.modified())
+                .ok()
+        })
+        .ok_or("the tuning build left no tune-results.json")?;
+    for file in ["tune-results.json", "tune.log"] {
+        std::fs::copy(newest.join(file), out.join(file))?;
+    }
+    Ok(())
 }
 
 /// The tuner a tuning build calls: this workspace's `cargo-harl`, release-built here.
