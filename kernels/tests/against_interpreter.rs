@@ -29,6 +29,46 @@ fn every_registered_kernel_is_tested() {
     assert_eq!(registered, tested);
 }
 
+/// Every record this package ships (`tuning-cache/`) is of a registered kernel, the only one
+/// of its workload and class, and replays on its graph; the tests below then check the
+/// kernels built from them.
+#[test]
+fn every_shipped_record_replays() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tuning-cache");
+    let graphs: Vec<(&str, harl_te::Graph)> = registry().unwrap();
+    let mut files = 0;
+    for entry in std::fs::read_dir(&dir).expect("tuning-cache/") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_none_or(|e| e != "jsonl") {
+            continue;
+        }
+        files += 1;
+        let class = path
+            .file_stem()
+            .expect("stem")
+            .to_string_lossy()
+            .into_owned();
+        let (records, warnings) = harl_build::cache::TuningCache::new(&dir).records(&class);
+        assert!(warnings.is_empty(), "{warnings:?}");
+        let mut seen = BTreeSet::new();
+        for r in &records {
+            let (name, graph) = graphs
+                .iter()
+                .find(|(_, g)| g.workload_key() == r.workload_key)
+                .unwrap_or_else(|| panic!("{class}: a record of no registered kernel"));
+            assert!(seen.insert(*name), "{class}: two records of {name}");
+            harl_build::lower::lower(graph, &r.schedule)
+                .unwrap_or_else(|e| panic!("{class}: {name}'s record does not replay: {e}"));
+        }
+        assert_eq!(
+            seen.len(),
+            graphs.len(),
+            "{class}: a kernel without a record"
+        );
+    }
+    assert!(files > 0, "no record file in tuning-cache/");
+}
+
 #[test]
 fn gemm_128() {
     check("gemm_128", k::gemm_128::WORKLOAD_KEY, 128, &|i, out| {
