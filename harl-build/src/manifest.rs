@@ -176,3 +176,48 @@ pub struct TuneOutcome {
     /// What went wrong or what to know (the record could not be written, every trial failed).
     pub note: Option<String>,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use harl_te::{BinaryOp, DType, Expr, GraphBuilder};
+
+    /// A graph whose constants need every bit of their f64 (a max pool's -f32::MAX padding,
+    /// a third) reads back with the same workload key.
+    #[test]
+    fn a_manifest_reads_back_with_exact_constants() {
+        let mut b = GraphBuilder::new();
+        let x = b.input("x", &[4], DType::F32);
+        harl_te::ops::relu(&mut b, x).expect("relu");
+        let mut graph = b.finish().expect("graph");
+        for c in [f64::from(f32::MIN), 1.0 / 3.0, 2.0f64.powi(-1074), -0.0] {
+            let body = graph.stages[0].body.clone();
+            graph.stages[0].body = body.binary(BinaryOp::Max, Expr::lit(c, DType::F32));
+        }
+        graph.validate().expect("valid");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let manifest = Manifest {
+            version: MANIFEST_VERSION,
+            package: "p".into(),
+            manifest_dir: dir.path().into(),
+            cache_dir: dir.path().join("c"),
+            local_cache: dir.path().join("l"),
+            gen_dir: dir.path().into(),
+            harl_root: None,
+            target: TargetFingerprint::host(),
+            threads: 1,
+            cuda: false,
+            kernels: vec![ManifestKernel {
+                name: "k".into(),
+                workload_key: graph.workload_key(),
+                graph,
+                weight: 2.0,
+            }],
+        };
+        let path = dir.path().join(MANIFEST_FILE);
+        manifest.write(&path).expect("write");
+        let back = Manifest::read(&path).expect("read back");
+        assert_eq!(back.kernels[0].graph, manifest.kernels[0].graph);
+        assert_eq!(back.kernels[0].weight, 2.0);
+    }
+}
