@@ -440,7 +440,8 @@ fn trials_to_reach(curve: &[harl_tune::tuner::CurvePoint], target: f64) -> Optio
 }
 
 fn compare_network(o: &Options, network: &str) -> Result<(), Error> {
-    let (title, _) = network_tasks(network)?;
+    // Imported once; each run tunes a fresh copy.
+    let (title, imported) = network_tasks(network)?;
     let mut runs = serde_json::Map::new();
     // Per seed: each scheduler's curve, for the budget-to-match figure.
     let mut curves: Vec<Vec<(String, Vec<harl_tune::tuner::CurvePoint>)>> =
@@ -449,7 +450,7 @@ fn compare_network(o: &Options, network: &str) -> Result<(), Error> {
         let strategy = if scheduler == "harl" { "harl" } else { "ansor" };
         let mut per_seed = Vec::new();
         for (si, &seed) in o.seeds.iter().enumerate() {
-            let (_, tasks) = network_tasks(network)?;
+            let tasks = imported.clone();
             let names: Vec<String> = tasks.iter().map(|t| t.name.clone()).collect();
             let mut spec = o.run_spec(strategy, scheduler, seed);
             // As a tuning job's: rounds small enough that every task gets one.

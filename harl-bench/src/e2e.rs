@@ -391,43 +391,42 @@ fn calls_of(stdout: &[u8]) -> Vec<(f64, String)> {
         .collect()
 }
 
+/// Runs `cmd` to its end; its output, or an error quoting its stderr if it failed.
+fn output_of(cmd: &mut Command, what: &str) -> Result<std::process::Output, Error> {
+    let run = cmd.output()?;
+    if !run.status.success() {
+        return Err(format!("{what} failed: {}", String::from_utf8_lossy(&run.stderr)).into());
+    }
+    Ok(run)
+}
+
 fn run_harl(
     exe: &Path,
     input: &Path,
     output: &Path,
     threads: usize,
 ) -> Result<(f64, Vec<(f64, String)>), Error> {
-    let run = Command::new(exe)
-        .arg(input)
-        .arg(output)
-        .arg(threads.to_string())
-        .output()?;
-    if !run.status.success() {
-        return Err(format!(
-            "harl's binary failed: {}",
-            String::from_utf8_lossy(&run.stderr)
-        )
-        .into());
-    }
+    let run = output_of(
+        Command::new(exe)
+            .arg(input)
+            .arg(output)
+            .arg(threads.to_string()),
+        "harl's binary",
+    )?;
     Ok((last_figure(&run.stdout, "HARL ")?, calls_of(&run.stdout)))
 }
 
 fn run_ort(model: &Path, input: &Path, output: &Path, threads: usize) -> Result<f64, Error> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/ort_e2e.py");
-    let run = Command::new("python3")
-        .arg(script)
-        .arg(model)
-        .arg(input)
-        .arg(output)
-        .arg(threads.to_string())
-        .arg("1.0")
-        .output()?;
-    if !run.status.success() {
-        return Err(format!(
-            "onnxruntime failed: {}",
-            String::from_utf8_lossy(&run.stderr)
-        )
-        .into());
-    }
+    let run = output_of(
+        Command::new("python3")
+            .arg(script)
+            .arg(model)
+            .arg(input)
+            .arg(output)
+            .arg(threads.to_string())
+            .arg("1.0"),
+        "onnxruntime",
+    )?;
     last_figure(&run.stdout, "ORT ")
 }
