@@ -990,6 +990,15 @@ impl Lowering {
                 "stage {c}'s loops 0..{k} must be its leading axes, unsplit and plain"
             ));
         }
+        // Its leading loops are the target's: a stage attached at one of them would be emitted
+        // nowhere (an epilogue of the final reduction of an rfactor at its row loop left the
+        // output unwritten).
+        if let Some(a) = (0..k).find(|a| self.attached.get(&(c, *a)).is_some_and(|v| !v.is_empty()))
+        {
+            return Err(format!(
+                "a stage is attached at loop {a} of stage {c}, which is stage {target}'s loop; attach it inside stage {c}'s own loops"
+            ));
+        }
         if st.loops[k..]
             .iter()
             .any(|l| l.kind == LoopKind::Parallel || gpu(l))

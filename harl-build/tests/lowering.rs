@@ -539,3 +539,58 @@ fn default_row_chains_are_one_nest_and_match() {
         }
     }
 }
+
+#[test]
+fn a_final_reduction_within_its_partials_rows_with_an_epilogue() {
+    // Found by `random_legal_matmul_schedules_match`: rfactor's final reduction computed within
+    // its partial's loop, its own epilogue at its outermost loop, both in accumulators.
+    let g = matmul(1, 8, 6, true);
+    let s = Schedule {
+        steps: vec![
+            Step::Rfactor {
+                stage: 0,
+                factor: 4,
+            },
+            Step::Split {
+                stage: 1,
+                at: 2,
+                factors: vec![1, 2],
+            },
+            Step::Split {
+                stage: 0,
+                at: 3,
+                factors: vec![2],
+            },
+            Step::Split {
+                stage: 1,
+                at: 1,
+                factors: vec![6],
+            },
+            Step::ComputeAt {
+                stage: 2,
+                target: 1,
+                at: 0,
+            },
+            Step::CacheWrite { stage: 0, at: 1 },
+            Step::CacheWrite { stage: 1, at: 2 },
+            Step::ComputeWithin {
+                stage: 1,
+                target: 0,
+                at: 0,
+            },
+            Step::Parallel { stage: 0, at: 0 },
+        ],
+    };
+    // It computed NaN (the epilogue, attached at a loop the reduction shares with its
+    // partial, was emitted nowhere); such a schedule is refused.
+    let err = lower(&g, &s).expect_err("refused");
+    assert!(err.to_string().contains("attach it inside"), "{err}");
+    // Attached inside the reduction's own loops, it lowers and computes the right thing.
+    let mut inside = s.clone();
+    inside.steps[4] = Step::ComputeAt {
+        stage: 2,
+        target: 1,
+        at: 1,
+    };
+    check(&g, &inside, 3);
+}
