@@ -16,6 +16,36 @@ pub use crate::target::CpuTarget;
 
 /// Builds the default schedule for `graph`.
 pub fn default_schedule(graph: &Graph, target: &CpuTarget) -> Schedule {
+    schedule_with(graph, target, &[]).0
+}
+
+/// The tiles the default schedule gives each stage it tiles, in stage order: the tuner's
+/// "default" sketch searches these and keeps the rest of the default (its layouts and panels,
+/// row chains, epilogues, inlining).
+pub fn default_tiles(graph: &Graph, target: &CpuTarget) -> Vec<(usize, TilePlan)> {
+    schedule_with(graph, target, &[]).1
+}
+
+/// The default schedule with the tiles of some stages replaced (`(stage, tiles)`, as
+/// [`default_tiles`] gives them, other extents). `None` unless every replacement was used as
+/// given: the stage is tiled on the same axes, each axis's levels multiply to its extent, and
+/// the schedule lowers.
+pub fn default_schedule_with(
+    graph: &Graph,
+    target: &CpuTarget,
+    tiles: &[(usize, TilePlan)],
+) -> Option<Schedule> {
+    let (schedule, used) = schedule_with(graph, target, tiles);
+    let all_used = tiles.iter().all(|t| used.contains(t));
+    (all_used && crate::lower::lower(graph, &schedule).is_ok()).then_some(schedule)
+}
+
+/// The default schedule with `overrides`' tiles where they fit, and the tiles it used.
+fn schedule_with(
+    graph: &Graph,
+    target: &CpuTarget,
+    overrides: &[(usize, TilePlan)],
+) -> (Schedule, Vec<(usize, TilePlan)>) {
     // An inline the lowering refuses (one past the limits on inlined bodies, say a chain of
     // stages that each read the previous one twice) keeps that stage materialised instead;
     // each round refuses a new stage, so this ends.
@@ -26,7 +56,7 @@ pub fn default_schedule(graph: &Graph, target: &CpuTarget) -> Schedule {
         rows: true,
     };
     loop {
-        let schedule = plan(graph, target, &keep, options);
+        let (schedule, used) = plan(graph, target, &keep, options, overrides);
         match crate::lower::lower(graph, &schedule) {
             Err(crate::lower::ScheduleError::Step {
                 step: Step::ComputeInline { stage },
@@ -37,7 +67,7 @@ pub fn default_schedule(graph: &Graph, target: &CpuTarget) -> Schedule {
             Err(_) if options.rows => options.rows = false,
             Err(_) if options.layouts => options.layouts = false,
             Err(_) if options.lanes => options.lanes = false,
-            _ => return schedule,
+            _ => return (schedule, used),
         }
     }
 }
@@ -53,11 +83,19 @@ struct Options {
     rows: bool,
 }
 
-/// The default schedule with the stages in `keep` never inlined.
-fn plan(graph: &Graph, target: &CpuTarget, keep: &[bool], options: Options) -> Schedule {
+/// The default schedule with the stages in `keep` never inlined, a tiled stage's tiles taken
+/// from `overrides` where they fit it; and the tiles of each tiled stage.
+fn plan(
+    graph: &Graph,
+    target: &CpuTarget,
+    keep: &[bool],
+    options: Options,
+    overrides: &[(usize, TilePlan)],
+) -> (Schedule, Vec<(usize, TilePlan)>) {
     let mut steps = Vec::new();
+    let mut used = Vec::new();
     let Some(last) = graph.stages.len().checked_sub(1) else {
-        return Schedule { steps };
+        return (Schedule { steps }, used);
     };
     // Inline cheap elementwise producers, keep padding (selects) materialised.
     let mut inlined = vec![false; graph.stages.len()];
@@ -138,7 +176,7 @@ fn plan(graph: &Graph, target: &CpuTarget, keep: &[bool], options: Options) -> S
         // contiguously in its place) splits into vector lanes; other reductions are tiled,
         // along their last axis or, where that is a poor vector, in a layout.
         let lanes = row_reduction_lanes(graph, s, target).filter(|_| options.lanes);
-        let layout = stage
+        let mut layout = stage
             .reduce
             .as_ref()
             .filter(|_| lanes.is_none() && options.layouts)
@@ -151,6 +189,24 @@ fn plan(graph: &Graph, target: &CpuTarget, keep: &[bool], options: Options) -> S
                 .filter(|_| lanes.is_none())
                 .and_then(|_| plan_tiles(graph, s, target)),
         };
+        let replaced = plan.as_ref().and_then(|p| {
+            overrides
+                .iter()
+                .find(|(o, t)| *o == s && t.fits(graph, s, p))
+                .map(|(_, t)| t.clone())
+        });
+        let plan = replaced.clone().or(plan);
+        if let Some(p) = &plan {
+            used.push((s, p.clone()));
+        }
+        if let (Some(p), Some(l)) = (&replaced, layout.as_mut()) {
+            // A weight's layout copy is in panels as wide as the register tile.
+            let extent = stage.shape[l.vec_axis];
+            l.panel = l
+                .panel
+                .and(Some(p.vec[2]))
+                .filter(|&w| w > 1 && w < extent && extent.is_multiple_of(w));
+        }
         // A plain tile reads a weight in panels of its width (`layout::panel_layout`).
         let panels = plan
             .as_ref()
@@ -274,7 +330,7 @@ fn plan(graph: &Graph, target: &CpuTarget, keep: &[bool], options: Options) -> S
             }));
         }
     }
-    Schedule { steps: out }
+    (Schedule { steps: out }, used)
 }
 
 /// `lanes` times the most vectors (4, 2 or 1) that divide stage `s`'s reduction and leave
@@ -562,6 +618,7 @@ fn fusable_epilogue(graph: &Graph, s: usize, c: usize, reads: &[usize], inlined:
 }
 
 /// The register/cache tiling of a reduction stage (the tuner seeds its search with it).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct TilePlan {
     /// The vectorised spatial axis (contiguous in memory).
     pub vec_axis: usize,
@@ -573,6 +630,34 @@ pub struct TilePlan {
     pub row: [usize; 3],
     /// [outer, inner] of the first reduce axis.
     pub red: [usize; 2],
+}
+
+impl TilePlan {
+    /// Whether these tiles can replace `default` (stage `s`'s default tiles): the same axes,
+    /// every axis's levels nonzero and multiplying to its extent.
+    fn fits(&self, graph: &Graph, s: usize, default: &TilePlan) -> bool {
+        let Some(stage) = graph.stages.get(s) else {
+            return false;
+        };
+        let covers = |levels: &[usize], extent: usize| {
+            levels
+                .iter()
+                .try_fold(1usize, |acc, &x| acc.checked_mul(x).filter(|_| x > 0))
+                == Some(extent)
+        };
+        let red = stage.reduce.as_ref().and_then(|r| r.extents.first());
+        self.vec_axis == default.vec_axis
+            && self.row_axis == default.row_axis
+            && stage
+                .shape
+                .get(self.vec_axis)
+                .is_some_and(|&e| covers(&self.vec, e))
+            && match self.row_axis {
+                Some(a) => stage.shape.get(a).is_some_and(|&e| covers(&self.row, e)),
+                None => self.row == [1, 1, 1],
+            }
+            && red.is_some_and(|&e| covers(&self.red, e))
+    }
 }
 
 /// The default tiling of stage `s`, if it is a reduction the heuristic tiles.

@@ -13,7 +13,9 @@ use harl_build::schedule::{Schedule, Step};
 use harl_te::ops::workloads as w;
 use harl_te::{interp, Graph};
 use harl_tune::rng::Rng;
-use harl_tune::space::cpu::{generate_sketches, Params, Sketch, Task, UNROLL_STEPS};
+use harl_tune::space::cpu::{
+    generate_sketches, Params, Sketch, Task, DEFAULT_SKETCH, UNROLL_STEPS,
+};
 use proptest::prelude::*;
 use std::sync::OnceLock;
 
@@ -262,12 +264,22 @@ fn sketches_per_workload() {
     let dense = w::dense_bias_relu(64, 64, 64).expect("dense");
     assert_eq!(
         names(&dense),
-        ["tile+cache_write", "tile+cache_write+fuse_epilogue", "tile"]
+        [
+            "tile+cache_write",
+            "tile+cache_write+fuse_epilogue",
+            "tile",
+            "default"
+        ]
     );
     // The epilogue through an inlined elementwise stage (bias add, then relu) is found too.
     assert_eq!(
         names(&mm_bias_relu(8, 8, 8)),
-        ["tile+cache_write", "tile+cache_write+fuse_epilogue", "tile"]
+        [
+            "tile+cache_write",
+            "tile+cache_write+fuse_epilogue",
+            "tile",
+            "default"
+        ]
     );
     // Two tiled stages: every combination, named by stage.
     assert_eq!(
@@ -276,15 +288,18 @@ fn sketches_per_workload() {
             "tile+cache_write@matmul+tile+cache_write@matmul_1",
             "tile+cache_write@matmul+tile@matmul_1",
             "tile@matmul+tile+cache_write@matmul_1",
-            "tile@matmul+tile@matmul_1"
+            "tile@matmul+tile@matmul_1",
+            "default"
         ]
     );
-    // A bare GEMM: accumulator or not (its position is the compute_at knob).
+    // A bare GEMM: accumulator or not (its position is the compute_at knob). Last, the
+    // default schedule's own structure with its tiles open.
     assert_eq!(
         names(&w::matmul(64, 64, 64).expect("mm")),
-        ["tile+cache_write", "tile"]
+        ["tile+cache_write", "tile", "default"]
     );
-    // Little output, long reduction: rfactor joins.
+    // Little output, long reduction: rfactor joins (and no default sketch: the default does
+    // not tile a 3-wide output).
     assert_eq!(
         names(&w::matmul(2, 129, 3).expect("mm")),
         ["tile+cache_write", "tile", "rfactor"]
@@ -295,17 +310,27 @@ fn sketches_per_workload() {
     let conv = w::conv2d(1, 3, 14, 14, 4, 3, 3, 2, 1, 1, 1).expect("conv2d");
     assert_eq!(
         names(&conv),
-        ["tile+cache_write", "tile", "tile+cache_read+cache_write"]
+        [
+            "tile+cache_write",
+            "tile",
+            "tile+cache_read+cache_write",
+            "default"
+        ]
     );
     // So does a row that leaves vector lanes idle (6 pixels) beside a wider filter axis...
     let conv = w::conv2d(1, 3, 7, 6, 16, 3, 3, 1, 1, 1, 1).expect("conv2d");
     assert_eq!(
         names(&conv),
-        ["tile+cache_write", "tile", "tile+cache_read+cache_write"]
+        [
+            "tile+cache_write",
+            "tile",
+            "tile+cache_read+cache_write",
+            "default"
+        ]
     );
     // ...while a row that fills its vectors (64 pixels) keeps its own.
     let conv = w::conv2d(1, 3, 8, 64, 16, 3, 3, 1, 1, 1, 1).expect("conv2d");
-    assert_eq!(names(&conv), ["tile+cache_write", "tile"]);
+    assert_eq!(names(&conv), ["tile+cache_write", "tile", "default"]);
     let sm = w::softmax(3, 48).expect("softmax");
     assert_eq!(
         names(&sm),
@@ -681,4 +706,63 @@ fn sampled_candidates_emit_bounded_source() {
         largest = largest.max(emit_module(&g, &variants, &meta).len());
     }
     assert!(largest < 256 * 1024, "{largest} bytes");
+}
+
+#[test]
+fn the_default_sketch_starts_at_the_default_and_moves_its_tiles() {
+    // The default sketch's seed is the default schedule itself (layouts, weight panels and
+    // epilogues included); its tile moves give other schedules that still compute the same.
+    let target = Variant::Avx512.cpu_target("x86_64", 2);
+    let graphs = [
+        ("matmul 48x96x80", w::matmul(48, 96, 80).expect("mm")),
+        (
+            "weights 32x64x96",
+            weights(w::matmul(32, 64, 96).expect("mm"), &[1]),
+        ),
+        (
+            "gemv 1x96x128",
+            weights(w::matmul(1, 96, 128).expect("mm"), &[1]),
+        ),
+        (
+            "conv 14x14",
+            weights(
+                w::conv2d(1, 8, 14, 14, 32, 3, 3, 1, 1, 1, 1).expect("conv"),
+                &[1],
+            ),
+        ),
+        (
+            "conv s2",
+            weights(
+                w::conv2d(1, 8, 14, 14, 32, 3, 3, 2, 1, 1, 1).expect("conv"),
+                &[1],
+            ),
+        ),
+        (
+            "dense+bias+relu",
+            w::dense_bias_relu(24, 40, 64).expect("dense"),
+        ),
+    ];
+    for (name, g) in graphs {
+        let case = Case::new(name, g.clone());
+        let sketches = generate_sketches(&g, &target);
+        let (i, sk) = sketches
+            .iter()
+            .enumerate()
+            .find(|(_, sk)| sk.name() == DEFAULT_SKETCH)
+            .unwrap_or_else(|| panic!("{name}: no default sketch"));
+        let p = sk.default_params(i, &target).expect("a default point");
+        let seed = sk.to_schedule(&p).expect("valid");
+        assert_eq!(seed, default_schedule(&g, &target), "{name}");
+        let moves = harl_moves(sk, &p);
+        assert!(!moves.is_empty(), "{name}: no move from the default");
+        for q in &moves {
+            let s = sk.to_schedule(q).expect("a move is valid");
+            assert_ne!(s, seed, "{name}: a move that changes nothing");
+            case.check(&s);
+        }
+        // Tiles that do not divide their axis are refused (the default's tiles are exact).
+        let mut bad = p.clone();
+        bad.tiles[0][0] = g.stages.iter().map(|s| s.size()).max().unwrap_or(1) + 1;
+        assert!(sk.to_schedule(&bad).is_err(), "{name}");
+    }
 }

@@ -32,6 +32,10 @@
 //!    reduction of the partials is a simple nest.
 //! 4. Every other stage is a simple nest: its outer spatial loops fused and run in parallel, the
 //!    last spatial axis (of an elementwise stage) split by the vector width and vectorised.
+//! 5. Last, the `default` sketch ([`DEFAULT_SKETCH`]): the default schedule's own structure
+//!    (weight panels, layouts, row chains, epilogues), its register and cache tiles open. Its
+//!    seed is the default schedule itself, so the search can always move from where an untuned
+//!    build is, which the rule sketches cannot express in full.
 //!
 //! A graph with several stages gets the cartesian product of the stages' choices (at most 16
 //! sketches). The scalar knobs apply to every root stage of a sketch, each stage taking what it
@@ -40,8 +44,10 @@
 //! moves and mutations never return such a no-op). The knobs only choose among legal structures:
 //! a [`Params`] that [`Sketch::to_schedule`] accepts always lowers.
 
+mod base;
 mod moves;
 
+pub use base::DEFAULT_SKETCH;
 pub use moves::CpuMoves;
 
 use crate::space::SearchSpace;
@@ -257,6 +263,8 @@ pub struct Sketch {
     attach: Vec<Attach>,
     widths: Vec<usize>,
     parallel_max: usize,
+    /// The default schedule's structure, for the default sketch ([`DEFAULT_SKETCH`]).
+    base: Option<base::Base>,
 }
 
 /// The sketches of `graph` for `target`, in rule order (at least one for a valid graph; none for
@@ -325,6 +333,7 @@ pub fn generate_sketches(graph: &Graph, target: &CpuTarget) -> Vec<Sketch> {
         .into_iter()
         .take(MAX_SKETCHES)
         .map(|plans| Sketch::new(graph, plans, widths.clone(), qualify))
+        .chain(Sketch::default_form(graph, target))
         .collect()
 }
 
@@ -458,6 +467,7 @@ impl Sketch {
             attach,
             widths,
             parallel_max,
+            base: None,
         }
     }
 
@@ -478,7 +488,7 @@ impl Sketch {
             tiled_axes: self.axes.iter().map(|a| (a.extent, a.levels)).collect(),
             compute_at_choices: self.attach.len(),
             parallel_max: self.parallel_max,
-            unroll_choices: UNROLL_STEPS.len(),
+            unroll_choices: self.unroll_choices(),
             vector_choices: self.widths.len() + 1,
         }
     }
@@ -493,7 +503,7 @@ impl Sketch {
                 tiles: self.axes.iter().map(|a| sample_axis(a, rng)).collect(),
                 compute_at: rng.below(self.attach.len()),
                 parallel: rng.below(self.parallel_max + 1),
-                unroll: rng.below(UNROLL_STEPS.len()),
+                unroll: rng.below(self.unroll_choices()),
                 vector: rng.below(self.widths.len() + 1),
             };
             if self.to_schedule(&p).is_ok() {
@@ -506,6 +516,9 @@ impl Sketch {
     /// A parameter set that is always valid: unit tiles (the smallest factor for rfactor), the
     /// innermost accumulator, no annotation.
     fn fallback(&self, index: usize) -> Params {
+        if let Some(b) = &self.base {
+            return b.params(index);
+        }
         let tiles = self
             .axes
             .iter()
@@ -538,6 +551,10 @@ impl Sketch {
     /// these first, so a search starts where the default is rather than from random samples.
     pub fn default_params(&self, index: usize, target: &CpuTarget) -> Option<Params> {
         let mut p = self.fallback(index);
+        if self.base.is_some() {
+            // The default sketch's fallback is the default's own tiles.
+            return self.to_schedule(&p).ok().map(|_| p);
+        }
         let mut register_tile: Option<usize> = None;
         let mut epilogue_level = None;
         for (s, plan) in self.plans.iter().enumerate() {
@@ -629,6 +646,9 @@ impl Sketch {
             step,
             why: format!("parameters: {why}"),
         })?;
+        if let Some(b) = &self.base {
+            return b.schedule(&self.graph, p);
+        }
         let schedule = Schedule {
             steps: self.build(p),
         };
@@ -669,7 +689,7 @@ impl Sketch {
                     }
                 }
                 1 => q.parallel = rng.below(self.parallel_max + 1),
-                2 => q.unroll = rng.below(UNROLL_STEPS.len()),
+                2 => q.unroll = rng.below(self.unroll_choices()),
                 3 => q.compute_at = rng.below(self.attach.len()),
                 _ => q.vector = rng.below(self.widths.len() + 1),
             }
@@ -727,7 +747,7 @@ impl Sketch {
 
     /// HARL's unroll action: moves `delta` steps in [`UNROLL_STEPS`].
     pub fn step_unroll(&self, p: &Params, delta: i32) -> Option<Params> {
-        let v = shifted(p.unroll, delta, UNROLL_STEPS.len())?;
+        let v = shifted(p.unroll, delta, self.unroll_choices())?;
         self.moved(
             p,
             Params {
@@ -747,6 +767,15 @@ impl Sketch {
                 ..p.clone()
             },
         )
+    }
+
+    /// How many unroll depths the sketch offers: the default sketch keeps the default's.
+    fn unroll_choices(&self) -> usize {
+        if self.base.is_some() {
+            1
+        } else {
+            UNROLL_STEPS.len()
+        }
     }
 
     /// `Some(q)` if `q` is valid and schedules differently from `p`.
@@ -854,10 +883,10 @@ impl Sketch {
                 format!("parallel {} exceeds {}", p.parallel, self.parallel_max),
             );
         }
-        if p.unroll >= UNROLL_STEPS.len() {
+        if p.unroll >= self.unroll_choices() {
             return bad(
                 Step::Unroll { stage: 0, at: 0 },
-                format!("unroll {} of {} choices", p.unroll, UNROLL_STEPS.len()),
+                format!("unroll {} of {} choices", p.unroll, self.unroll_choices()),
             );
         }
         if p.vector > self.widths.len() {
@@ -1503,13 +1532,25 @@ mod tests {
     fn gemm_has_three_tiled_sketches() {
         let sk = generate_sketches(&matmul(64, 64, 64), &CpuTarget::portable());
         let names: Vec<&str> = sk.iter().map(|s| s.name()).collect();
-        assert_eq!(names, ["tile+cache_write", "tile"]);
+        assert_eq!(names, ["tile+cache_write", "tile", DEFAULT_SKETCH]);
         let g = harl_te::ops::workloads::dense_bias_relu(64, 64, 64).expect("dense");
         let sk = generate_sketches(&g, &CpuTarget::portable());
         let names: Vec<&str> = sk.iter().map(|s| s.name()).collect();
         assert_eq!(
             names,
-            ["tile+cache_write", "tile+cache_write+fuse_epilogue", "tile"]
+            [
+                "tile+cache_write",
+                "tile+cache_write+fuse_epilogue",
+                "tile",
+                DEFAULT_SKETCH
+            ]
+        );
+        // The default sketch: vector, row and reduce axes of the one tiled stage.
+        let k = sk[3].knobs();
+        assert_eq!(k.tiled_axes, vec![(64, 3), (64, 3), (64, 2)]);
+        assert_eq!(
+            (k.compute_at_choices, k.parallel_max, k.unroll_choices),
+            (1, 0, 1)
         );
         let k = sk[1].knobs();
         assert_eq!(k.tiled_axes, vec![(64, 4), (64, 4), (64, 2)]);
