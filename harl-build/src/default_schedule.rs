@@ -16,14 +16,14 @@ pub use crate::target::CpuTarget;
 
 /// Builds the default schedule for `graph`.
 pub fn default_schedule(graph: &Graph, target: &CpuTarget) -> Schedule {
-    schedule_with(graph, target, &[]).0
+    schedule_with(graph, target, &[]).schedule
 }
 
 /// The tiles the default schedule gives each stage it tiles, in stage order: the tuner's
 /// "default" sketch searches these and keeps the rest of the default (its layouts and panels,
 /// row chains, epilogues, inlining).
 pub fn default_tiles(graph: &Graph, target: &CpuTarget) -> Vec<(usize, TilePlan)> {
-    schedule_with(graph, target, &[]).1
+    schedule_with(graph, target, &[]).tiles
 }
 
 /// The default schedule with the tiles of some stages replaced (`(stage, tiles)`, as
@@ -35,17 +35,22 @@ pub fn default_schedule_with(
     target: &CpuTarget,
     tiles: &[(usize, TilePlan)],
 ) -> Option<Schedule> {
-    let (schedule, used) = schedule_with(graph, target, tiles);
-    let all_used = tiles.iter().all(|t| used.contains(t));
-    (all_used && crate::lower::lower(graph, &schedule).is_ok()).then_some(schedule)
+    let planned = schedule_with(graph, target, tiles);
+    let all_used = tiles.iter().all(|t| planned.tiles.contains(t));
+    (all_used && planned.lowers).then_some(planned.schedule)
 }
 
-/// The default schedule with `overrides`' tiles where they fit, and the tiles it used.
-fn schedule_with(
-    graph: &Graph,
-    target: &CpuTarget,
-    overrides: &[(usize, TilePlan)],
-) -> (Schedule, Vec<(usize, TilePlan)>) {
+/// A default schedule and what it was made of.
+struct Planned {
+    schedule: Schedule,
+    /// The tiles of each tiled stage.
+    tiles: Vec<(usize, TilePlan)>,
+    /// Whether the schedule lowers (the last fallback is returned even when it does not).
+    lowers: bool,
+}
+
+/// The default schedule with `overrides`' tiles where they fit.
+fn schedule_with(graph: &Graph, target: &CpuTarget, overrides: &[(usize, TilePlan)]) -> Planned {
     // An inline the lowering refuses (one past the limits on inlined bodies, say a chain of
     // stages that each read the previous one twice) keeps that stage materialised instead;
     // each round refuses a new stage, so this ends.
@@ -56,8 +61,9 @@ fn schedule_with(
         rows: true,
     };
     loop {
-        let (schedule, used) = plan(graph, target, &keep, options, overrides);
-        match crate::lower::lower(graph, &schedule) {
+        let (schedule, tiles) = plan(graph, target, &keep, options, overrides);
+        let lowered = crate::lower::lower(graph, &schedule);
+        match lowered {
             Err(crate::lower::ScheduleError::Step {
                 step: Step::ComputeInline { stage },
                 ..
@@ -67,7 +73,13 @@ fn schedule_with(
             Err(_) if options.rows => options.rows = false,
             Err(_) if options.layouts => options.layouts = false,
             Err(_) if options.lanes => options.lanes = false,
-            _ => return (schedule, used),
+            _ => {
+                return Planned {
+                    schedule,
+                    tiles,
+                    lowers: lowered.is_ok(),
+                }
+            }
         }
     }
 }
