@@ -17,6 +17,7 @@ mod gpu;
 mod harness;
 mod kernels;
 mod math;
+mod metatune;
 mod model_eval;
 mod models;
 mod peers;
@@ -143,6 +144,8 @@ enum Command {
     Dataset(dataset::Options),
     /// Cost models' ranking of held-out workloads after 0, 16, 64 of their own trials.
     TransferEval(transfer_eval::Options),
+    /// Meta-train MetaTune's weights (first-order MAML) on a shipped dataset.
+    Metatune(metatune::Options),
     /// The tuning suite's workloads and the workload spec keys.
     List,
     /// The hidden matrixmultiply timing worker (see [`spine::WORKER_COMMAND`]).
@@ -220,6 +223,7 @@ fn run(command: Command) -> Result<(), Error> {
         Command::E2e(options) => e2e::run(&options),
         Command::Dataset(options) => dataset::run(&options),
         Command::TransferEval(options) => transfer_eval::run(&options),
+        Command::Metatune(options) => metatune::run(&options),
         Command::List => {
             print!("{}", suite::list());
             Ok(())

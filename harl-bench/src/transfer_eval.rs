@@ -9,8 +9,10 @@
 
 use crate::Error;
 use harl_tune::cost_model::dataset::{Dataset, Measured, Rows};
+use harl_tune::cost_model::metatune::MetaTuneWeights;
 use harl_tune::cost_model::{
-    model_by_name, pairwise_accuracy, top_k_recall, CostModel, TransferModel, XgbModel, XgbParams,
+    model_by_name, pairwise_accuracy, top_k_recall, CostModel, MetaTuneModel, TransferModel,
+    XgbModel, XgbParams,
 };
 use harl_tune::features;
 use std::path::PathBuf;
@@ -22,8 +24,8 @@ pub struct Options {
     /// The held-out dataset.
     #[arg(long)]
     pub eval: PathBuf,
-    /// Models: any `--cost-model` name, and `xgb-nowarmup` (cold XGBoost fitted from the first
-    /// rows rather than after 64).
+    /// Models: any `--cost-model` name, `xgb-nowarmup` (cold XGBoost fitted from the first
+    /// rows rather than after 64) and `metatune=FILE` (MetaTune over weights in FILE).
     #[arg(
         long,
         value_delimiter = ',',
@@ -62,6 +64,11 @@ fn model(name: &str, seed: u64, isa_class: &str) -> Result<Box<dyn CostModel>, E
         return Ok(Box::new(
             TransferModel::shipped(seed, isa_class)?.with_task_params(params),
         ));
+    }
+    // `metatune=FILE`: MetaTune over weights read from a file rather than the shipped ones.
+    if let Some(path) = name.strip_prefix("metatune=") {
+        let weights = MetaTuneWeights::read(std::path::Path::new(path))?;
+        return Ok(Box::new(MetaTuneModel::new(std::sync::Arc::new(weights))));
     }
     if name == "xgb-nowarmup" {
         return Ok(Box::new(XgbModel::new(XgbParams {

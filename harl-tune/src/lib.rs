@@ -19,6 +19,7 @@
 
 pub mod bandit;
 pub mod cost_model;
+pub mod dense;
 pub mod features;
 pub mod job;
 pub mod measure;

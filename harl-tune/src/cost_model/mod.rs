@@ -13,10 +13,12 @@
 //! [`pairwise_accuracy`] and [`top_k_recall`] measure how well a model ranks.
 
 pub mod dataset;
+pub mod metatune;
 mod random;
 mod transfer;
 mod xgb;
 
+pub use metatune::MetaTuneModel;
 pub use random::RandomModel;
 pub use transfer::TransferModel;
 pub use xgb::{XgbModel, XgbParams};
@@ -79,11 +81,13 @@ impl From<xgboost_rs::XGBError> for CostModelError {
 pub const DEFAULT_COST_MODEL: &str = "xgb-transfer";
 
 /// The names [`model_by_name`] accepts, for messages.
-pub const COST_MODEL_NAMES: &str = "xgb-transfer, xgb, random";
+pub const COST_MODEL_NAMES: &str = "xgb-transfer, metatune, xgb, random";
 
 /// The model called `name` (`HARL_COST_MODEL`, `--cost-model`) for tuning on ISA class
 /// `isa_class`, seeded with `seed`: `xgb-transfer` ([`TransferModel`] over the shipped dataset
-/// of that class; its prior is fitted once per thread, seed and class), `xgb` (cold: random
+/// of that class; its prior is fitted once per thread, seed and class), `metatune`
+/// ([`MetaTuneModel`] over the shipped weights of that class; deterministic, so the seed is
+/// unused), `xgb` (cold: random
 /// scores until it has 64 rows, as Ansor's) or `random`. `None` for an unknown name.
 pub fn model_by_name(
     name: &str,
@@ -93,6 +97,9 @@ pub fn model_by_name(
     match name {
         "xgb-transfer" => {
             Some(TransferModel::shipped(seed, isa_class).map(|m| Box::new(m) as Box<dyn CostModel>))
+        }
+        "metatune" => {
+            Some(MetaTuneModel::shipped(isa_class).map(|m| Box::new(m) as Box<dyn CostModel>))
         }
         "xgb" => Some(Ok(Box::new(XgbModel::with_seed(seed)))),
         "random" => Some(Ok(Box::new(RandomModel::new(seed)))),

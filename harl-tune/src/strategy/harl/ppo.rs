@@ -48,7 +48,8 @@
 //!   with `rayon`;
 //! * results may differ in the last bits across CPUs (SIMD width, FMA) and compiler versions.
 
-use burn::module::{Module, Param};
+use crate::dense::Dense;
+use burn::module::Module;
 use burn::nn::Linear;
 use burn::optim::{AdamConfig, GradientsParams, ModuleOptimizer};
 use burn::tensor::activation::log_softmax;
@@ -567,67 +568,6 @@ impl Net {
                 Dense::from_linear(&self.out)?,
             ],
         })
-    }
-}
-
-/// A dense layer in plain Rust: `y = x W + b`, `W` row-major `[d_in][d_out]` as burn stores it.
-#[derive(Clone, Debug)]
-struct Dense {
-    w: Vec<f32>,
-    b: Vec<f32>,
-    d_out: usize,
-}
-
-impl Dense {
-    /// Weights uniform in ±`scale`/√`d_in` (PyTorch's default range), biases zero.
-    fn random(d_in: usize, d_out: usize, scale: f64, rng: &mut Rng) -> Dense {
-        let k = scale / (d_in as f64).sqrt();
-        let w = (0..d_in * d_out)
-            .map(|_| ((rng.unit() * 2.0 - 1.0) * k) as f32)
-            .collect();
-        Dense {
-            w,
-            b: vec![0.0; d_out],
-            d_out,
-        }
-    }
-
-    fn d_in(&self) -> usize {
-        self.w.len() / self.d_out
-    }
-
-    fn to_linear(&self, device: &Device) -> Linear {
-        Linear {
-            weight: Param::from_data(
-                TensorData::new(self.w.clone(), [self.d_in(), self.d_out]),
-                device,
-            ),
-            bias: Some(Param::from_data(
-                TensorData::new(self.b.clone(), [self.d_out]),
-                device,
-            )),
-        }
-    }
-
-    fn from_linear(linear: &Linear) -> Option<Dense> {
-        let weight = linear.weight.val();
-        let [_, d_out] = weight.dims();
-        let w: Vec<f32> = weight.try_into_data().ok()?.iter::<f32>().collect();
-        let b: Vec<f32> = match &linear.bias {
-            Some(b) => b.val().try_into_data().ok()?.iter::<f32>().collect(),
-            None => vec![0.0; d_out],
-        };
-        Some(Dense { w, b, d_out })
-    }
-
-    fn forward(&self, x: &[f32]) -> Vec<f32> {
-        let mut y = self.b.clone();
-        for (&xi, row) in x.iter().zip(self.w.chunks_exact(self.d_out)) {
-            for (yj, &wij) in y.iter_mut().zip(row) {
-                *yj += xi * wij;
-            }
-        }
-        y
     }
 }
 
