@@ -120,7 +120,7 @@ pub fn split(name: &str) -> Result<Vec<(String, String)>, Error> {
 }
 
 /// This machine's fingerprint, as the bench's variant (`HARL_ISA`) presents it.
-fn bench_target() -> TargetFingerprint {
+pub(crate) fn bench_target() -> TargetFingerprint {
     let mut t = TargetFingerprint::host();
     t.isa_class = crate::harness::bench_variant().isa_class(&t.arch);
     t

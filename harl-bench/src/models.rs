@@ -555,8 +555,14 @@ pub fn run(o: &Options) -> Result<(), Error> {
             }
         }
     }
-    let report =
-        json!({"peers": [first, second], "rows": rows, "threads": o.threads, "trials": o.trials});
+    // The machine: CPU model and ISA class change between sittings, and ratios only compare
+    // within one.
+    let target = crate::dataset::bench_target();
+    println!(
+        "machine: {} ({}, {} cores)",
+        target.cpu_model, target.isa_class, target.cores
+    );
+    let report = json!({"peers": [first, second], "rows": rows, "threads": o.threads, "trials": o.trials, "target": target});
     std::fs::write(
         o.out.join("models.json"),
         serde_json::to_string_pretty(&report)?,
