@@ -66,10 +66,11 @@ fn split(rows: &Rows) -> (Rows, Vec<Vec<Measured>>) {
 
 /// Mean pairwise accuracy over `held` after 0 and 16 of each group's trials.
 fn validate(weights: &MetaTuneWeights, held: &[Vec<Measured>]) -> Result<[f64; 2], Error> {
+    let weights = Arc::new(weights.clone());
     let mut acc = [0.0; 2];
     for g in held {
         for (k, seen) in [0usize, 16].into_iter().enumerate() {
-            let mut model = MetaTuneModel::new(Arc::new(weights.clone()));
+            let mut model = MetaTuneModel::new(weights.clone());
             let (train, test) = g.split_at(seen.min(g.len()));
             let mut own = Rows::default();
             own.push_group(train.iter().cloned());

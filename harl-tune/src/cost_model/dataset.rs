@@ -7,15 +7,15 @@
 //! class (`data/dataset-<isa-class>.jsonl.gz`), compiled in. Reading checks a size cap, the version and every
 //! graph, so a hand-made file given with `--dataset` gets a clear error, not a panic.
 
-use super::CostModelError;
+use super::{gz, CostModelError};
 use crate::features;
 use harl_build::lower::lower;
 use harl_build::schedule::Schedule;
 use harl_build::target::TargetFingerprint;
 use harl_te::Graph;
 use serde::{Deserialize, Serialize};
-use std::io::{BufRead, Read, Write};
-use std::path::{Path, PathBuf};
+use std::io::BufRead;
+use std::path::Path;
 use std::sync::OnceLock;
 
 /// The dataset format this harl reads and writes.
@@ -130,44 +130,23 @@ impl Rows {
 impl Dataset {
     /// Writes the dataset gzipped.
     pub fn write(&self, path: &Path) -> Result<(), CostModelError> {
-        let err = |e: &dyn std::fmt::Display| CostModelError::Records {
-            path: path.to_path_buf(),
-            why: e.to_string(),
-        };
-        let file = std::fs::File::create(path).map_err(|e| err(&e))?;
-        let mut gz = flate2::write::GzEncoder::new(file, flate2::Compression::best());
-        let mut text = serde_json::to_string(&self.header).map_err(|e| err(&e))? + "\n";
+        let err = |e: serde_json::Error| gz::records_error(path, e);
+        let mut text = serde_json::to_string(&self.header).map_err(err)? + "\n";
         for w in &self.workloads {
-            text += &(serde_json::to_string(w).map_err(|e| err(&e))? + "\n");
+            text += &(serde_json::to_string(w).map_err(err)? + "\n");
         }
-        gz.write_all(text.as_bytes()).map_err(|e| err(&e))?;
-        gz.finish().map_err(|e| err(&e))?;
-        Ok(())
+        gz::write(path, &text)
     }
 
     /// Reads a gzipped dataset file.
     pub fn read(path: &Path) -> Result<Dataset, CostModelError> {
-        let bytes = std::fs::read(path).map_err(|e| CostModelError::Records {
-            path: path.to_path_buf(),
-            why: e.to_string(),
-        })?;
-        Dataset::from_gz(&bytes, path)
+        Dataset::from_gz(&gz::read(path)?, path)
     }
 
     /// Parses gzipped dataset bytes (`path` names them in errors).
     pub fn from_gz(bytes: &[u8], path: &Path) -> Result<Dataset, CostModelError> {
-        let bad = |why: String| CostModelError::Records {
-            path: PathBuf::from(path),
-            why,
-        };
-        let mut text = String::new();
-        flate2::read::GzDecoder::new(bytes)
-            .take(MAX_DATASET_BYTES + 1)
-            .read_to_string(&mut text)
-            .map_err(|e| bad(format!("not a gzipped text file: {e}")))?;
-        if text.len() as u64 > MAX_DATASET_BYTES {
-            return Err(bad(format!("over {MAX_DATASET_BYTES} bytes uncompressed")));
-        }
+        let bad = |why: String| gz::records_error(path, why);
+        let text = gz::text(bytes, MAX_DATASET_BYTES, path)?;
         let mut lines = text.as_bytes().lines();
         let header: DatasetHeader = match lines.next() {
             Some(Ok(l)) => serde_json::from_str(&l).map_err(|e| bad(format!("header: {e}")))?,
@@ -282,6 +261,7 @@ mod tests {
     fn bad_files_are_errors_that_say_why() {
         let p = Path::new("x");
         let gz = |text: &str| {
+            use std::io::Write;
             let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
             e.write_all(text.as_bytes()).expect("gz");
             e.finish().expect("gz")

@@ -13,6 +13,7 @@
 //! [`pairwise_accuracy`] and [`top_k_recall`] measure how well a model ranks.
 
 pub mod dataset;
+mod gz;
 pub mod metatune;
 mod random;
 mod transfer;

@@ -151,19 +151,33 @@ impl Batch {
     }
 }
 
-/// The pairs a ranking loss compares, as an `n x n` matrix: 1 where rows `i` and `j` are of
-/// one task and `i` was measured faster than `j`. Also returns how many pairs there are.
-pub(super) fn pair_mask(throughput: &[f64], groups: &[usize]) -> (Vec<f32>, usize) {
-    let n = throughput.len();
-    let mut mask = vec![0.0f32; n * n];
-    let mut pairs = 0;
-    for i in 0..n {
-        for j in 0..n {
-            if groups[i] == groups[j] && throughput[i] > throughput[j] {
-                mask[i * n + j] = 1.0;
-                pairs += 1;
+/// The pairs a ranking loss compares: an `n x n` 0/1 matrix, 1 where rows `i` and `j` are of
+/// one task and `i` was measured faster than `j`, and how many pairs that is.
+pub(super) struct Pairs {
+    /// The matrix `[n, n]`.
+    pub mask: Tensor<2>,
+    /// Its ones.
+    pub count: usize,
+}
+
+impl Pairs {
+    /// The pairs of `n` rows with `throughput` in `groups`; `None` when no two rows of one
+    /// group differ.
+    pub fn new(throughput: &[f64], groups: &[usize], device: &Device) -> Option<Pairs> {
+        let n = throughput.len();
+        let mut mask = vec![0.0f32; n * n];
+        let mut count = 0;
+        for i in 0..n {
+            for j in 0..n {
+                if groups[i] == groups[j] && throughput[i] > throughput[j] {
+                    mask[i * n + j] = 1.0;
+                    count += 1;
+                }
             }
         }
+        (count > 0).then(|| Pairs {
+            mask: Tensor::<2>::from_data(TensorData::new(mask, [n, n]), device),
+            count,
+        })
     }
-    (mask, pairs)
 }

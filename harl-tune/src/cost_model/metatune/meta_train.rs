@@ -9,7 +9,8 @@
 //! An empty support set trains the weights as they rank before a task has any trial, which is
 //! how a tune starts.
 
-use super::graph::{pair_mask, Batch, Norm};
+use super::graph::{Batch, Norm, Pairs};
+use super::net::rank_loss;
 use super::net::Net;
 use super::{MetaTuneConfig, MetaTuneWeights, WEIGHTS_VERSION};
 use crate::cost_model::dataset::Rows;
@@ -43,14 +44,14 @@ pub(super) fn adapt(
     config: &MetaTuneConfig,
     device: &Device,
 ) -> Net {
-    let (pairs, n_pairs) = pair_mask(throughput, groups);
-    if n_pairs == 0 || config.inner_steps == 0 {
+    let Some(pairs) = Pairs::new(throughput, groups, device).filter(|_| config.inner_steps > 0)
+    else {
         return net;
-    }
+    };
     let batch = Batch::new(rows, norm, device);
     let mut sgd = SgdConfig::new().init();
     for _ in 0..config.inner_steps {
-        let loss = super::net::rank_loss(net.forward(&batch), &pairs, n_pairs, device);
+        let loss = rank_loss(net.forward(&batch), &pairs);
         let mut grads = loss.backward();
         let grads = GradientsParams::from_module(&mut grads, &net);
         net = sgd.step(config.inner_lr, net, grads);
@@ -120,6 +121,10 @@ pub fn meta_train(
         };
         let (s_rows, s_y) = pick(&order[..support]);
         let (q_rows, q_y) = pick(&order[support..query_end]);
+        // A query set with no pair to order teaches nothing: skip it before adapting.
+        let Some(pairs) = Pairs::new(&q_y, &vec![0; q_y.len()], &device) else {
+            continue;
+        };
         let adapted = adapt(
             net.clone(),
             &s_rows,
@@ -129,12 +134,8 @@ pub fn meta_train(
             config,
             &device,
         );
-        let (pairs, n_pairs) = pair_mask(&q_y, &vec![0; q_y.len()]);
-        if n_pairs == 0 {
-            continue;
-        }
         let batch = Batch::new(&q_rows, &norm, &device);
-        let loss = super::net::rank_loss(adapted.forward(&batch), &pairs, n_pairs, &device);
+        let loss = rank_loss(adapted.forward(&batch), &pairs);
         window.push(f64::from(
             loss.clone().try_into_scalar::<f32>().unwrap_or(f32::NAN),
         ));

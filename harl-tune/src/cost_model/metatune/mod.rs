@@ -21,14 +21,13 @@ mod net;
 
 pub use meta_train::{meta_train, MetaTrainStats};
 
-use super::{check_rows, check_training_set, CostModel, CostModelError};
+use super::{check_rows, check_training_set, gz, CostModel, CostModelError};
 use crate::dense::Dense;
 use crate::features::{FEATURE_LEN, FEATURE_NAMES};
 use burn::tensor::Device;
 use graph::{Batch, Norm};
 use net::{layer_dims, Net, LAYERS};
 use serde::{Deserialize, Serialize};
-use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
@@ -153,41 +152,19 @@ impl MetaTuneWeights {
 
     /// Writes the weights gzipped.
     pub fn write(&self, path: &Path) -> Result<(), CostModelError> {
-        let err = |e: &dyn std::fmt::Display| CostModelError::Records {
-            path: path.to_path_buf(),
-            why: e.to_string(),
-        };
-        let text = serde_json::to_string(self).map_err(|e| err(&e))?;
-        let file = std::fs::File::create(path).map_err(|e| err(&e))?;
-        let mut gz = flate2::write::GzEncoder::new(file, flate2::Compression::best());
-        gz.write_all(text.as_bytes()).map_err(|e| err(&e))?;
-        gz.finish().map_err(|e| err(&e))?;
-        Ok(())
+        let text = serde_json::to_string(self).map_err(|e| gz::records_error(path, e))?;
+        gz::write(path, &text)
     }
 
     /// Reads and validates a gzipped weights file.
     pub fn read(path: &Path) -> Result<MetaTuneWeights, CostModelError> {
-        let bytes = std::fs::read(path).map_err(|e| CostModelError::Records {
-            path: path.to_path_buf(),
-            why: e.to_string(),
-        })?;
-        MetaTuneWeights::from_gz(&bytes, path)
+        MetaTuneWeights::from_gz(&gz::read(path)?, path)
     }
 
     /// Parses and validates gzipped weights (`path` names them in errors).
     pub fn from_gz(bytes: &[u8], path: &Path) -> Result<MetaTuneWeights, CostModelError> {
-        let bad = |why: String| CostModelError::Records {
-            path: PathBuf::from(path),
-            why,
-        };
-        let mut text = String::new();
-        flate2::read::GzDecoder::new(bytes)
-            .take(MAX_WEIGHTS_BYTES + 1)
-            .read_to_string(&mut text)
-            .map_err(|e| bad(format!("not a gzipped text file: {e}")))?;
-        if text.len() as u64 > MAX_WEIGHTS_BYTES {
-            return Err(bad(format!("over {MAX_WEIGHTS_BYTES} bytes uncompressed")));
-        }
+        let bad = |why: String| gz::records_error(path, why);
+        let text = gz::text(bytes, MAX_WEIGHTS_BYTES, path)?;
         let w: MetaTuneWeights = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
         w.validate().map_err(bad)?;
         Ok(w)

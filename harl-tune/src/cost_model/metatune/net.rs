@@ -8,13 +8,13 @@
 //! * Readout: the super node, the mean of the statements and the mean of the buffers are
 //!   concatenated. Then `relu(Linear(3 hidden -> hidden))` and a `Linear(hidden -> 1)` score.
 
-use super::graph::Batch;
+use super::graph::{Batch, Pairs};
 use crate::dense::Dense;
 use crate::features::{BUFFER_LEN, PROGRAM_LEN, STMT_LEN};
 use burn::module::Module;
 use burn::nn::Linear;
 use burn::tensor::activation::{relu, softplus};
-use burn::tensor::{Device, Tensor, TensorData};
+use burn::tensor::{Device, Tensor};
 use harl_build::rng::Rng;
 
 /// The network. Field order is the order of [`LAYERS`].
@@ -146,19 +146,13 @@ fn propagate(
     (hp2, hs2, hb2)
 }
 
-/// RankNet's loss: the mean over `pairs` (an `n x n` 0/1 matrix, 1 where row `i` is faster
-/// than row `j`) of `log(1 + exp(s_j - s_i))`.
-pub(super) fn rank_loss(
-    scores: Tensor<2>,
-    pairs: &[f32],
-    n_pairs: usize,
-    device: &Device,
-) -> Tensor<1> {
+/// RankNet's loss: the mean over `pairs` (row `i` faster than row `j`) of
+/// `log(1 + exp(s_j - s_i))`.
+pub(super) fn rank_loss(scores: Tensor<2>, pairs: &Pairs) -> Tensor<1> {
     let n = scores.dims()[0];
     let si = scores.clone().expand([n, n]);
     let sj = scores.reshape([1, n]).expand([n, n]);
-    let mask = Tensor::<2>::from_data(TensorData::new(pairs.to_vec(), [n, n]), device);
-    (softplus(sj - si, 1.0) * mask)
+    (softplus(sj - si, 1.0) * pairs.mask.clone())
         .sum()
-        .div_scalar(n_pairs.max(1) as f32)
+        .div_scalar(pairs.count as f32)
 }
