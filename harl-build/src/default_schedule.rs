@@ -8,6 +8,7 @@
 //! outer spatial loops fused and run in parallel.
 
 use crate::layout::{copy_steps, layout_choice, panel_layout, Layout};
+use crate::register_tile::TileProblem;
 use crate::rows::row_chains;
 use crate::schedule::{Schedule, Step};
 use harl_te::{Expr, Graph, TensorRef};
@@ -211,7 +212,7 @@ fn plan(
         if let Some(p) = &plan {
             used.push((s, p.clone()));
         }
-        if let (Some(p), Some(l)) = (&replaced, layout.as_mut()) {
+        if let (Some(p), Some(l)) = (&plan, layout.as_mut()) {
             // A weight's layout copy is in panels as wide as the register tile.
             let extent = stage.shape[l.vec_axis];
             l.panel = l
@@ -482,15 +483,23 @@ enum Insert {
 /// The register tile of a stage in a layout: up to two vectors along the layout's axis by up
 /// to 8 elements of the last axis (the register budget decides), the whole reduction inside,
 /// every outer loop parallel.
-fn layout_tiles(graph: &Graph, s: usize, target: &CpuTarget, l: &Layout) -> TilePlan {
+pub fn layout_tiles(graph: &Graph, s: usize, target: &CpuTarget, l: &Layout) -> TilePlan {
     let stage = &graph.stages[s];
     let last = stage.n_spatial() - 1;
-    let lanes = (target.vector_bytes / elem_bytes(stage.dtype)).max(1);
     let vext = stage.shape[l.vec_axis];
-    // The layout's panels, if any, have this width.
-    let nr = crate::layout::vector_tile(vext, lanes);
-    let max_rows = (target.acc_registers / nr.div_ceil(lanes)).clamp(1, 8);
-    let mr = largest_divisor_at_most(stage.shape[last], max_rows);
+    // The layout's panels, if any, have the tile's width.
+    let red_all: usize = stage
+        .reduce
+        .as_ref()
+        .map_or(1, |r| r.extents.iter().product());
+    let problem = TileProblem {
+        vec_extent: vext,
+        row_extent: stage.shape[last],
+        reduction: red_all,
+        elem_bytes: elem_bytes(stage.dtype),
+    };
+    let tile = crate::register_tile::choose(&problem, target);
+    let (nr, mr) = (tile.width, tile.rows);
     let red = stage.reduce.as_ref().map_or(1, |r| r.extents[0]);
     TilePlan {
         vec_axis: l.vec_axis,
@@ -707,9 +716,19 @@ pub fn plan_tiles(graph: &Graph, s: usize, target: &CpuTarget) -> Option<TilePla
         .filter(|&a| a != vec_axis && ext[a] > 1)
         .max_by_key(|&a| (!vec_operand_axes.contains(&a), ext[a]));
     let lanes = (target.vector_bytes / elem_bytes(stage.dtype)).max(1);
-    let nr = match row_axis {
-        Some(_) => pick_divisor(ext[vec_axis], &[2 * lanes, lanes, 4 * lanes, 3 * lanes])
-            .unwrap_or_else(|| largest_divisor_at_most(ext[vec_axis], 2 * lanes)),
+    // Cache blocks: about 256 of the reduction, 128-256 of the vector axis, 48-96 rows.
+    let kc = largest_divisor_at_most(r.extents[0], 256);
+    let tile = row_axis.map(|a| {
+        let problem = TileProblem {
+            vec_extent: ext[vec_axis],
+            row_extent: ext[a],
+            reduction: r.extents[1..].iter().fold(kc, |n, &e| n.saturating_mul(e)),
+            elem_bytes: elem_bytes(stage.dtype),
+        };
+        crate::register_tile::choose(&problem, target)
+    });
+    let nr = match tile {
+        Some(t) => t.width,
         // A thin problem (one row: a GEMV, batch-1 decode) reuses nothing across rows, and
         // streams its matrix: the vector tile is as wide as the accumulator registers allow,
         // so each row of the matrix is read in long contiguous runs rather than one cache line
@@ -722,20 +741,7 @@ pub fn plan_tiles(graph: &Graph, s: usize, target: &CpuTarget) -> Option<TilePla
                 .unwrap_or_else(|| largest_divisor_at_most(ext[vec_axis], cap))
         }
     };
-    let vec_regs = nr.div_ceil(lanes);
-    let max_rows = (target.acc_registers / vec_regs).clamp(1, 8);
-    let mr = match row_axis {
-        Some(a) => {
-            let prefs: Vec<usize> = [6, 8, 4, 7, 5, 3, 2, 1]
-                .into_iter()
-                .filter(|&m| m <= max_rows)
-                .collect();
-            pick_divisor(ext[a], &prefs).unwrap_or(1)
-        }
-        None => 1,
-    };
-    // Cache blocks: about 256 of the reduction, 128-256 of the vector axis, 48-96 rows.
-    let kc = largest_divisor_at_most(r.extents[0], 256);
+    let mr = tile.map_or(1, |t| t.rows);
     let v_rest = ext[vec_axis] / nr;
     let v_mid = largest_divisor_at_most(v_rest, (256 / nr).max(1));
     let row = match row_axis {
@@ -927,13 +933,6 @@ pub(crate) fn elem_bytes(d: harl_te::DType) -> usize {
         harl_te::DType::F64 => 8,
         _ => 4,
     }
-}
-
-fn pick_divisor(n: usize, prefs: &[usize]) -> Option<usize> {
-    prefs
-        .iter()
-        .copied()
-        .find(|&d| d >= 1 && d <= n && n.is_multiple_of(d))
 }
 
 pub(crate) fn largest_divisor_at_most(n: usize, cap: usize) -> usize {

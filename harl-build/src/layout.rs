@@ -123,8 +123,9 @@ pub fn layout_choice(graph: &Graph, s: usize, target: &CpuTarget) -> Option<Layo
     best.map(|(_, l)| l)
 }
 
-/// The weight that stage `s` reads along its last spatial axis (the vector axis of a plain
-/// tile) and across its reduction: a GEMM's or GEMV's matrix `w[k, n]`, a dense layer's weights.
+/// The weight (or well reused activation) that stage `s` reads along its last spatial axis (the
+/// vector axis of a plain tile) and across its reduction: a GEMM's or GEMV's matrix `w[k, n]`,
+/// a dense layer's weights.
 /// A tile as wide as `width` along that axis then reads `width` elements of a new row at every
 /// step of the reduction (a 4096-wide matrix: 16 KB apart); copied once into panels of `width`
 /// (the packed B of a BLAS), the tile streams one contiguous panel instead.
@@ -139,7 +140,17 @@ pub fn panel_input(graph: &Graph, s: usize) -> Option<usize> {
             return None;
         };
         let (row, rest) = idx.split_last()?;
-        let weight = graph.inputs.get(i).is_some_and(|p| p.constant);
+        let source = graph.inputs.get(i)?;
+        // A weight's panels are made once. An activation's are made on every call: worth it
+        // when its rows are far apart (each reduction step would read another page) and each
+        // copied element feeds enough multiply-adds.
+        let copied: usize = source.shape.iter().product();
+        let work = stage
+            .size()
+            .checked_mul(stage.reduce.as_ref()?.extents.iter().product())?;
+        let row_apart = source.shape.last().is_some_and(|&n| n >= MIN_PANEL_ROW);
+        let weight = source.constant
+            || (row_apart && copied.checked_mul(MIN_REUSE).is_some_and(|c| c <= work));
         // One access of the input, contiguous along the vector axis, and along a reduction.
         let same = loads.iter().all(|(u, jdx)| u != t || jdx == idx);
         let along_reduction = rest
@@ -150,6 +161,10 @@ pub fn panel_input(graph: &Graph, s: usize) -> Option<usize> {
             .then_some(i)
     })
 }
+
+/// An activation's rows must be at least this many elements long for its panel copy to pay:
+/// shorter rows (a 64-wide attention head) sit within a few pages and stream well as they are.
+const MIN_PANEL_ROW: usize = 256;
 
 /// The panel copy of [`panel_input`]'s weight for a tile `width` wide along the vector axis:
 /// the input's own axis order in panels of `width`, when that divides the axis and is smaller.
@@ -255,7 +270,16 @@ mod tests {
         let s = (0..g.stages.len())
             .find(|&s| g.stages[s].reduce.is_some())
             .expect("the matmul");
-        assert_eq!(panel_input(&g, s), None, "not a weight");
+        assert_eq!(panel_input(&g, s), None, "an activation reused by 8 rows");
+        // An activation with long rows reused by many rows is copied into panels on each call.
+        let gemm = w::matmul(64, 256, 512).expect("matmul");
+        assert_eq!(panel_input(&gemm, gemm.stages.len() - 1), Some(1));
+        let narrow = w::matmul(64, 256, 64).expect("matmul");
+        assert_eq!(
+            panel_input(&narrow, narrow.stages.len() - 1),
+            None,
+            "short rows"
+        );
         g.inputs[1].constant = true;
         g.inputs[2].constant = true;
         assert_eq!(panel_input(&g, s), Some(1));

@@ -19,6 +19,7 @@ pub mod manifest;
 pub mod nvrtc;
 pub mod partition;
 pub mod prepare;
+pub mod register_tile;
 pub mod rng;
 pub mod rows;
 pub mod scan;

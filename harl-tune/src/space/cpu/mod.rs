@@ -567,17 +567,14 @@ impl Sketch {
                     first_axis,
                     ..
                 } => {
-                    // No default schedule has this layout: seed it with a register tile of
-                    // up to two vectors along the vector axis by up to 8 rows of the last
-                    // axis, the whole reduction inside, every outer loop parallel.
+                    // No default schedule has this layout: seed it with the default's tiles
+                    // for it (`layout_tiles`), every outer loop parallel.
                     p.parallel = p.parallel.max(ns);
                     for (j, &e) in red.iter().enumerate() {
                         p.tiles[first_axis + ns + j] = vec![e];
                     }
-                    let lanes = (target.vector_bytes / elem_bytes(stage.dtype)).max(1);
-                    let nr = harl_build::layout::vector_tile(stage.shape[l.vec_axis], lanes);
-                    let max_rows = (target.acc_registers / nr.div_ceil(lanes)).clamp(1, 8);
-                    let mr = largest_divisor_at_most(stage.shape[ns - 1], max_rows);
+                    let tp = harl_build::default_schedule::layout_tiles(&self.graph, s, target, l);
+                    let (nr, mr) = (tp.vec[2], tp.row[2]);
                     p.tiles[first_axis + l.vec_axis] = vec![1, 1, nr];
                     p.tiles[first_axis + ns - 1] = vec![1, 1, mr];
                     register_tile = Some(register_tile.unwrap_or(0).max(nr));
