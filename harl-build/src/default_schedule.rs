@@ -225,10 +225,16 @@ fn plan(
             .as_ref()
             .filter(|_| layout.is_none() && options.layouts)
             .and_then(|p| panel_layout(graph, s, p.vec[2]));
+        // A tiled stage reads its operand along the last axis in rows (`layout::row_copy`).
+        let copy = layout.clone().or(panels);
+        let rows = plan
+            .as_ref()
+            .filter(|_| options.layouts)
+            .and_then(|_| crate::layout::row_copy(graph, s, copy.as_ref()));
         let tiled = plan.map(|plan| emit_tiled(&mut steps, graph, s, &plan));
         // A layout always has its tiles (`layout_tiles`).
         let in_layout = layout.is_some();
-        if let Some(l) = layout.or(panels) {
+        for l in copy.into_iter().chain(rows) {
             inserts.push((s, Insert::CacheRead(l)));
         }
         match tiled {

@@ -48,6 +48,16 @@ fn cases() -> Vec<Case> {
             &[1],
         ),
         weights(w::dense_bias_relu(5, 8, 32).expect("dense"), &[1, 2]),
+        // Copies made on every call in the default schedule: a 1x1 convolution's input with
+        // its channels next to its 7-pixel rows beside a filter layout in panels, the same
+        // input copy under a plain tile of 16-pixel rows, and a GEMM's activation in panels
+        // (`layout::row_copy`, `layout::panel_input`).
+        weights(
+            w::conv2d(1, 4, 7, 7, 256, 1, 1, 1, 0, 1, 1).expect("1x1 conv, 7-pixel rows"),
+            &[1],
+        ),
+        w::conv2d(1, 4, 2, 16, 256, 1, 1, 1, 0, 1, 1).expect("1x1 conv, 16-pixel rows"),
+        matmul(32, 16, 256, false),
     ];
     let mut out = Vec::new();
     for (gi, g) in graphs.iter().enumerate() {
