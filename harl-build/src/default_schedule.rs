@@ -208,7 +208,7 @@ fn plan(
                 .find(|(o, t)| *o == s && t.fits(graph, s, p))
                 .map(|(_, t)| t.clone())
         });
-        let plan = replaced.clone().or(plan);
+        let plan = replaced.or(plan);
         if let Some(p) = &plan {
             used.push((s, p.clone()));
         }
@@ -225,15 +225,15 @@ fn plan(
             .as_ref()
             .filter(|_| layout.is_none() && options.layouts)
             .and_then(|p| panel_layout(graph, s, p.vec[2]));
+        // A layout always has its tiles (`layout_tiles`).
+        let in_layout = layout.is_some();
         // A tiled stage reads its operand along the last axis in rows (`layout::row_copy`).
-        let copy = layout.clone().or(panels);
+        let copy = layout.or(panels);
         let rows = plan
             .as_ref()
             .filter(|_| options.layouts)
             .and_then(|_| crate::layout::row_copy(graph, s, copy.as_ref()));
         let tiled = plan.map(|plan| emit_tiled(&mut steps, graph, s, &plan));
-        // A layout always has its tiles (`layout_tiles`).
-        let in_layout = layout.is_some();
         for l in copy.into_iter().chain(rows) {
             inserts.push((s, Insert::CacheRead(l)));
         }
@@ -486,22 +486,21 @@ enum Insert {
     CacheRead(Layout),
 }
 
-/// The register tile of a stage in a layout: up to two vectors along the layout's axis by up
-/// to 8 elements of the last axis (the register budget decides), the whole reduction inside,
-/// every outer loop parallel.
+/// The register tile of a stage in a layout ([`crate::register_tile::choose`]): the layout's
+/// axis as the vector, the last axis as rows, the whole reduction inside, every outer loop
+/// parallel.
 pub fn layout_tiles(graph: &Graph, s: usize, target: &CpuTarget, l: &Layout) -> TilePlan {
     let stage = &graph.stages[s];
     let last = stage.n_spatial() - 1;
     let vext = stage.shape[l.vec_axis];
     // The layout's panels, if any, have the tile's width.
-    let red_all: usize = stage
-        .reduce
-        .as_ref()
-        .map_or(1, |r| r.extents.iter().product());
     let problem = TileProblem {
         vec_extent: vext,
         row_extent: stage.shape[last],
-        reduction: red_all,
+        reduction: stage
+            .reduce
+            .as_ref()
+            .map_or(1, |r| r.extents.iter().product()),
         elem_bytes: elem_bytes(stage.dtype),
     };
     let tile = crate::register_tile::choose(&problem, target);

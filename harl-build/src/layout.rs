@@ -52,7 +52,7 @@ const MIN_REUSE: usize = 16;
 /// better. The axis with the largest extent wins.
 pub fn layout_choice(graph: &Graph, s: usize, target: &CpuTarget) -> Option<Layout> {
     let stage = graph.stages.get(s)?;
-    let reduce: usize = stage.reduce.as_ref()?.extents.iter().product();
+    stage.reduce.as_ref()?;
     let ns = stage.n_spatial();
     let last = ns.checked_sub(1)?;
     let n_axes = stage.axis_extents().len();
@@ -104,7 +104,7 @@ pub fn layout_choice(graph: &Graph, s: usize, target: &CpuTarget) -> Option<Layo
             // weight's is made once, by `prepare` (`harl_build::prepare`).
             let source = graph.inputs.get(input)?;
             let copied: usize = source.shape.iter().product();
-            let work = stage.size().checked_mul(reduce)?;
+            let work = work_of(stage)?;
             if !source.constant && copied.checked_mul(MIN_REUSE)? > work {
                 continue;
             }
@@ -132,6 +132,7 @@ pub fn layout_choice(graph: &Graph, s: usize, target: &CpuTarget) -> Option<Layo
 pub fn panel_input(graph: &Graph, s: usize) -> Option<usize> {
     let stage = graph.stages.get(s)?;
     stage.reduce.as_ref()?;
+    let work = work_of(stage);
     let ns = stage.n_spatial();
     let last = ns.checked_sub(1)?;
     let loads = loads_of(stage);
@@ -145,12 +146,12 @@ pub fn panel_input(graph: &Graph, s: usize) -> Option<usize> {
         // when its rows are far apart (each reduction step would read another page) and each
         // copied element feeds enough multiply-adds.
         let copied: usize = source.shape.iter().product();
-        let work = stage
-            .size()
-            .checked_mul(stage.reduce.as_ref()?.extents.iter().product())?;
         let row_apart = source.shape.last().is_some_and(|&n| n >= MIN_PANEL_ROW);
         let weight = source.constant
-            || (row_apart && copied.checked_mul(MIN_REUSE).is_some_and(|c| c <= work));
+            || (row_apart
+                && copied
+                    .checked_mul(MIN_REUSE)
+                    .is_some_and(|c| Some(c) <= work));
         // One access of the input, contiguous along the vector axis, and along a reduction.
         let same = loads.iter().all(|(u, jdx)| u != t || jdx == idx);
         let along_reduction = rest
@@ -166,8 +167,8 @@ pub fn panel_input(graph: &Graph, s: usize) -> Option<usize> {
 /// channels, for a 1x1 convolution). The copy streams the whole input through memory on every
 /// call; with 64 or 96 output channels it cost as much as it saved (ResNet's 56x56 256-to-64
 /// and MobileNet's 112x112 16-to-96 pointwise convolutions went from 0.81x and 1.18x of
-/// onnxruntime to 0.43x and 0.59x, one AVX2 thread), with 256 and more it pays (stage 4's
-/// 512-to-2048: 0.52x -> 0.77x).
+/// onnxruntime to 0.43x and 0.59x, one AVX2 thread, in a noisy sitting; an A/B of 256 against
+/// 64 was inconclusive), with 256 and more it pays (stage 4's 512-to-2048: 0.52x -> 0.77x).
 const MIN_ROW_COPY_REUSE: usize = 256;
 
 /// An activation's rows must be at least this many elements long for its panel copy to pay:
@@ -198,13 +199,12 @@ pub fn panel_layout(graph: &Graph, s: usize, width: usize) -> Option<Layout> {
 /// layout tile broadcasts them, a plain one loads them as a vector); in the input's own order
 /// each step reads another channel's plane (a 7-pixel row: 28 bytes of a 196-byte plane, 512
 /// planes for one tile; a 56-pixel row: every step in a new page), in the copy the whole
-/// reduction of a tile is one contiguous stream. The operand must be one graph input read once, contiguous along
-/// the row (stride 1 in its last index), with some index that uses reduction axes only, not
-/// already next to the row, and reused enough ([`MIN_ROW_COPY_REUSE`]) to pay for a copy made
-/// on every call.
+/// reduction of a tile is one contiguous stream. The operand must be one graph input read
+/// once, contiguous along the row (stride 1 in its last index), with some index that uses
+/// reduction axes only, not already next to the row, and reused enough
+/// ([`MIN_ROW_COPY_REUSE`]) to pay for a copy made on every call.
 pub fn row_copy(graph: &Graph, s: usize, other: Option<&Layout>) -> Option<Layout> {
     let stage = graph.stages.get(s)?;
-    let reduce: usize = stage.reduce.as_ref()?.extents.iter().product();
     let ns = stage.n_spatial();
     let last = ns.checked_sub(1)?;
     let n_axes = stage.axis_extents().len();
@@ -236,8 +236,7 @@ pub fn row_copy(graph: &Graph, s: usize, other: Option<&Layout>) -> Option<Layou
         return None;
     }
     let copied: usize = source.shape.iter().product();
-    let work = stage.size().checked_mul(reduce)?;
-    if copied.checked_mul(MIN_ROW_COPY_REUSE)? > work {
+    if copied.checked_mul(MIN_ROW_COPY_REUSE)? > work_of(stage)? {
         return None;
     }
     Some(Layout {
@@ -246,6 +245,16 @@ pub fn row_copy(graph: &Graph, s: usize, other: Option<&Layout>) -> Option<Layou
         order,
         panel: None,
     })
+}
+
+/// The multiply-adds of a reduction stage: its size times its reduction's; `None` for a stage
+/// without a reduction or on overflow.
+fn work_of(stage: &harl_te::Stage) -> Option<usize> {
+    let reduce = stage.reduce.as_ref()?;
+    reduce
+        .extents
+        .iter()
+        .try_fold(stage.size(), |n, &e| n.checked_mul(e))
 }
 
 fn uses_reduce(e: &Expr, ns: usize, n_axes: usize) -> bool {
@@ -330,8 +339,6 @@ mod tests {
     use super::*;
     use harl_te::ops::workloads as w;
 
-    /// A weight read along the output's last axis and a reduction is packed in panels; an
-    /// activation, a filter read along other axes, or a too-narrow panel is not.
     /// A 1x1 convolution's input is copied with its channels next to its row when enough
     /// filters reuse it; not with few filters, not when the channels are already there.
     #[test]
@@ -365,6 +372,9 @@ mod tests {
         assert!(row_copy(&gemm, gemm.stages.len() - 1, None).is_none());
     }
 
+    /// A weight read along the output's last axis and a reduction is packed in panels, and so
+    /// is a well reused activation with long rows; a little reused one, a filter read along
+    /// other axes, or a too-narrow panel is not.
     #[test]
     fn weights_along_the_vector_axis_go_in_panels() {
         let mut g = w::dense_bias_relu(8, 64, 256).expect("dense");

@@ -5,8 +5,8 @@
 //! a preference list fails on extents with few divisors: a ResNet stage-4 convolution has 7
 //! pixels in a row, the list's 6, 5, 4, 3, 2 rows do not divide it, and the old choice fell
 //! to one row by two vectors. Two accumulators wait on the multiply-add's latency, and that
-//! kernel ran at a quarter of onnxruntime's speed on AVX2 (`harl-bench probe --workload
-//! resnet_s4_3x3_512`).
+//! kernel ran at a quarter of onnxruntime's speed on AVX2 (`harl-bench models --only
+//! resnet_s4`).
 
 use crate::target::CpuTarget;
 
