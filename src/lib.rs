@@ -20,10 +20,11 @@
 #[cfg(feature = "cuda")]
 pub mod gpu;
 pub mod runtime;
+pub mod weights;
 
 pub use harl_macros::kernel;
 
-/// What a kernel call can go wrong with: only the buffers you pass it.
+/// What a kernel or model call can go wrong with: the buffers you pass it, and a model's weights file.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KernelError {
     /// A slice has the wrong number of elements for the kernel's static shape.
@@ -46,6 +47,15 @@ pub enum KernelError {
     UnsupportedCpu {
         /// The kernel.
         kernel: &'static str,
+    },
+    /// A model's weights file is missing, unreadable, or not the one the model was built with
+    /// (see [`weights`]).
+    #[error("model `{model}`: {why}")]
+    Weights {
+        /// The model.
+        model: &'static str,
+        /// What is wrong with the file.
+        why: String,
     },
 }
 

@@ -674,10 +674,12 @@ fn main() {
     );
 }
 
-/// ONNX models in, `Model`s out: a fresh crate registers the CNN and the encoder layer of
-/// harl-te's import tests with `Builder::onnx`, runs each (twice, the second time on the same
-/// buffers) and compares with onnxruntime's output; a model with an op harl does not import fails the build with a
-/// message naming it.
+/// ONNX models in, `Model`s out: a fresh crate registers the CNN (weights embedded) and the
+/// encoder layer (weights in a file) of harl-te's import tests with `Builder::onnx`, runs each
+/// (twice, the second time on the same buffers) and compares with onnxruntime's output; the
+/// encoder also from a copy of its weights file, and a damaged copy, a truncated one and the
+/// CNN's file are each an error; a model with an op harl does not import fails the build with
+/// a message naming it.
 #[test]
 fn an_onnx_model_builds_into_a_model_that_matches_onnxruntime() {
     let krate = new_crate("harl-e2e-onnx");
@@ -697,16 +699,22 @@ fn an_onnx_model_builds_into_a_model_that_matches_onnxruntime() {
     );
     std::fs::write(&manifest_path, manifest).unwrap();
     let fixtures = workspace().join("harl-te/tests/onnx");
-    let build = |models: &[(&str, &str)]| {
+    let build = |models: &[(&str, &str, &str)]| {
         let calls: String = models
             .iter()
-            .map(|(name, file)| {
-                format!(".onnx(\"{name}\", r\"{}\")", fixtures.join(file).display())
+            .map(|(name, file, weights)| {
+                format!(
+                    ".onnx_with(\"{name}\", r\"{}\", harl_build::ModelWeights::{weights})",
+                    fixtures.join(file).display()
+                )
             })
             .collect();
         format!("fn main() {{\n    harl_build::Builder::new(){calls}.compile();\n}}\n")
     };
-    let models = [("cnn", "cnn.onnx"), ("encoder", "encoder.onnx")];
+    let models = [
+        ("cnn", "cnn.onnx", "Embedded"),
+        ("encoder", "encoder.onnx", "File"),
+    ];
     std::fs::write(krate.path().join("build.rs"), build(&models)).unwrap();
     let main = format!(
         r#####"harl::include_kernels!();
@@ -721,10 +729,13 @@ fn floats(path: &str) -> Vec<f32> {{
 
 macro_rules! check {{
     ($model:ident, $dir:expr) => {{{{
+        check!($model, $dir, $model::Model::new().expect("weights"))
+    }}}};
+    ($model:ident, $dir:expr, $made:expr) => {{{{
         let x = floats(&format!("{{}}/{{}}.in.bin", $dir, stringify!($model)));
         let want = floats(&format!("{{}}/{{}}.out.bin", $dir, stringify!($model)));
         assert_eq!(x.len(), $model::INPUT_SHAPE.iter().product::<usize>());
-        let mut model = $model::Model::new().expect("weights");
+        let mut model = $made;
         for _ in 0..2 {{{{
             let mut got = vec![f32::NAN; want.len()];
             model.run(&x, &mut got).expect("lengths");
@@ -740,6 +751,24 @@ macro_rules! check {{
 fn main() {{
     check!(cnn, r"{dir}");
     check!(encoder, r"{dir}");
+    // A shipped copy of the encoder's weights file, read from where the binary finds it.
+    let copy = std::env::temp_dir().join(format!("harl-e2e-{{}}.weights", std::process::id()));
+    std::fs::copy(encoder::WEIGHTS_PATH, &copy).expect("copy");
+    check!(encoder, r"{dir}", encoder::Model::load(&copy).expect("the copy loads"));
+    let good = std::fs::read(&copy).expect("read");
+    let _ = std::fs::remove_file(&copy);
+    let mut damaged = good.clone();
+    let last = damaged.len() - 1;
+    damaged[last] ^= 0x40;
+    let cnn_file = std::fs::read(cnn::WEIGHTS_PATH).expect("cnn's file");
+    for (what, bytes) in [("damaged", &damaged[..]), ("truncated", &good[..good.len() - 4]), ("another model", &cnn_file[..])] {{
+        match encoder::Model::from_weights(bytes) {{
+            Err(harl::KernelError::Weights {{ model: "encoder", why }}) => println!("{{what}}: {{why}}"),
+            Err(e) => panic!("{{what}}: {{e}}"),
+            Ok(_) => panic!("{{what}} weights were accepted"),
+        }}
+    }}
+    assert!(encoder::Model::load("no/such/file.weights").is_err());
     println!("ONNX OK");
 }}
 "#####,
@@ -752,9 +781,16 @@ fn main() {{
         "{}",
         run.context()
     );
+    for said in [
+        "damaged: the weights do not match their fingerprint",
+        "truncated: the file has",
+        "another model: the file holds weights",
+    ] {
+        assert!(run.stdout.contains(said), "{said}: {}", run.context());
+    }
     std::fs::write(
         krate.path().join("build.rs"),
-        build(&[("bad", "unsupported.onnx")]),
+        build(&[("bad", "unsupported.onnx", "Embedded")]),
     )
     .unwrap();
     let run = Run::of(cargo_run(krate.path(), None));

@@ -29,5 +29,5 @@ pub mod simplify;
 pub mod target;
 pub mod tuner_tool;
 
-pub use builder::{BuildError, Builder, Report, ScheduleSource, TuneMode};
+pub use builder::{BuildError, Builder, ModelWeights, Report, ScheduleSource, TuneMode};
 pub use harl_te as te;

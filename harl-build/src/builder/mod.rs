@@ -24,6 +24,19 @@ use harl_te::Graph;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+/// Where an imported model's weights live when the user's binary runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ModelWeights {
+    /// In the binary (`include_bytes!`): one file to ship, but a large model makes a large
+    /// binary and a slower build (BERT-base's 340 MB add 26 s).
+    #[default]
+    Embedded,
+    /// In a file the build writes, `$OUT_DIR/harl/{name}.weights` (the module's `WEIGHTS_PATH`),
+    /// read at run time by `Model::load(path)` or handed over by `Model::from_weights(bytes)`;
+    /// `Model::new()` reads the build's own copy.
+    File,
+}
+
 /// How much tuning a build may do (`HARL_TUNE`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TuneMode {
@@ -163,9 +176,9 @@ struct Registered {
 pub struct Builder {
     scan: Vec<PathBuf>,
     kernels: Vec<Registered>,
-    /// ONNX models: (module name, file).
+    /// ONNX models: (module name, file, where its weights live).
     #[cfg(feature = "onnx")]
-    models: Vec<(String, PathBuf)>,
+    models: Vec<(String, PathBuf, ModelWeights)>,
     out_dir: Option<PathBuf>,
     cache_dir: Option<PathBuf>,
     mode: Option<TuneMode>,
@@ -208,10 +221,17 @@ impl Builder {
     /// `harl::include_kernels!()` includes: `name::Model::new()?` prepares it,
     /// `model.run(&input, &mut output)?` runs it. Each of its tasks is a kernel `name_t{i}`,
     /// scheduled like any other (from the tuning cache, or tuned by `cargo harl tune`).
+    /// The weights are embedded in the binary; [`Builder::onnx_with`] can keep them in a file.
     #[cfg(feature = "onnx")]
-    pub fn onnx(mut self, name: &str, path: impl AsRef<Path>) -> Self {
+    pub fn onnx(self, name: &str, path: impl AsRef<Path>) -> Self {
+        self.onnx_with(name, path, ModelWeights::Embedded)
+    }
+
+    /// [`Builder::onnx`], with the model's weights where `weights` says.
+    #[cfg(feature = "onnx")]
+    pub fn onnx_with(mut self, name: &str, path: impl AsRef<Path>, weights: ModelWeights) -> Self {
         self.models
-            .push((name.to_string(), path.as_ref().to_path_buf()));
+            .push((name.to_string(), path.as_ref().to_path_buf(), weights));
         self
     }
 
@@ -411,7 +431,7 @@ impl Builder {
     #[cfg(feature = "onnx")]
     fn import_models(&self, gen_dir: &Path, out: &Directives) -> Result<Vec<Model>, BuildError> {
         let mut models = Vec::new();
-        for (name, path) in &self.models {
+        for (name, path, storage) in &self.models {
             let err = |why: String| BuildError::Model {
                 name: name.clone(),
                 why,
@@ -421,16 +441,17 @@ impl Builder {
             }
             out.rerun_if_changed(path);
             let net = harl_te::onnx::import(path).map_err(|e| err(e.to_string()))?;
-            let (blob, offsets) = model::weights_blob(&net);
-            let weights_file = format!("{name}.weights");
-            let weights_path = gen_dir.join(&weights_file);
-            if std::fs::read(&weights_path).ok().as_deref() != Some(blob.as_slice()) {
-                std::fs::write(&weights_path, &blob).map_err(|source| BuildError::Io {
+            let weights = model::weights_file(&net);
+            let file_name = format!("{name}.weights");
+            let weights_path = gen_dir.join(&file_name);
+            if std::fs::read(&weights_path).ok().as_deref() != Some(weights.bytes.as_slice()) {
+                std::fs::write(&weights_path, &weights.bytes).map_err(|source| BuildError::Io {
                     path: weights_path.clone(),
                     source,
                 })?;
             }
-            let module = model::emit_model(name, &net, &offsets, &weights_file).map_err(err)?;
+            let module =
+                model::emit_model(name, &net, &weights, &file_name, *storage).map_err(err)?;
             let kernels = net
                 .tasks
                 .iter()

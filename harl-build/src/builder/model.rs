@@ -2,10 +2,11 @@
 //! network becomes a kernel like any registered one (scheduled from the cache, tuned by
 //! `cargo harl tune`), and a module with a `Model` runs the network's calls in order.
 //!
-//! The weights are embedded in the binary (`include_bytes!` of a file written next to the
-//! generated code) and prepared once by `Model::new`: each call with weights keeps its
-//! kernel's `Prepared`. Intermediate tensors are allocated once, in `new`, and reused by
-//! every `run`.
+//! The weights go in a file written next to the generated code (with a header the runtime
+//! checks, `harl::weights`), embedded in the binary (`include_bytes!`) or read at run time
+//! ([`super::ModelWeights`]), and are prepared once when the `Model` is made: each call with
+//! weights keeps its kernel's `Prepared`. Intermediate tensors are allocated once, then, and
+//! reused by every `run`.
 
 use harl_te::onnx::{Network, ValueId, ValueKind};
 use std::collections::HashMap;
@@ -110,29 +111,67 @@ fn plan_buffers(net: &Network) -> Result<(HashMap<ValueId, usize>, Vec<usize>), 
     Ok((buffer_of, sizes))
 }
 
-/// The weights file (every weight's f32 values, little-endian, one after another) and each
-/// weight's (offset in bytes, elements).
-pub(super) fn weights_blob(net: &Network) -> (Vec<u8>, HashMap<ValueId, (usize, usize)>) {
-    let mut blob = Vec::new();
-    let mut at = HashMap::new();
+/// A model's weights file: `bytes` is what the build writes (header and payload, the format
+/// `harl::weights` reads), `offsets` each weight's (byte offset in the payload, elements).
+pub(super) struct WeightsFile {
+    pub(super) bytes: Vec<u8>,
+    offsets: HashMap<ValueId, (usize, usize)>,
+    fingerprint: u64,
+    payload_len: usize,
+}
+
+/// The first bytes of a weights file (`harl::weights::MAGIC`).
+const MAGIC: &[u8; 8] = b"HARLWTS1";
+
+/// `harl::weights::fingerprint`, the runtime's check of the file: the two crates assert the
+/// same known answers.
+fn fingerprint(payload: &[u8]) -> u64 {
+    let step = |h: u64, w: u64| (h ^ w).wrapping_mul(0x0000_0100_0000_01b3).rotate_left(29);
+    let words = payload.chunks_exact(8);
+    let tail = words.remainder();
+    let h = words.fold(0xcbf2_9ce4_8422_2325u64 ^ payload.len() as u64, |h, w| {
+        step(h, w.iter().rev().fold(0, |v, &b| (v << 8) | u64::from(b)))
+    });
+    tail.iter().fold(h, |h, &b| step(h, u64::from(b)))
+}
+
+/// The weights file of `net`: every weight's f32 values, little-endian, one after another,
+/// behind the header.
+pub(super) fn weights_file(net: &Network) -> WeightsFile {
+    let mut payload = Vec::new();
+    let mut offsets = HashMap::new();
     for (v, value) in net.values.iter().enumerate() {
         if let ValueKind::Weight(w) = &value.kind {
-            at.insert(v, (blob.len(), w.len()));
+            offsets.insert(v, (payload.len(), w.len()));
             for x in w {
-                blob.extend_from_slice(&x.to_le_bytes());
+                payload.extend_from_slice(&x.to_le_bytes());
             }
         }
     }
-    (blob, at)
+    let fingerprint = fingerprint(&payload);
+    let mut bytes = Vec::with_capacity(24 + payload.len());
+    bytes.extend_from_slice(MAGIC);
+    bytes.extend_from_slice(&fingerprint.to_le_bytes());
+    bytes.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    bytes.extend_from_slice(&payload);
+    WeightsFile {
+        bytes,
+        offsets,
+        fingerprint,
+        payload_len: payload.len(),
+    }
 }
 
-/// The module of model `name`: `Model::new()` and `Model::run(input, output)`. Task kernels
-/// are `super::{name}_t{i}`; the weights file is `weights_file` in the generated directory.
+/// The module of model `name`: `Model::new()` (weights embedded, or read from the build's
+/// file), `Model::load(path)`, `Model::from_weights(bytes)` and `Model::run(input, output)`.
+/// Task kernels are `super::{name}_t{i}`; the weights file is `file_name` in the generated
+/// directory.
 pub(super) fn emit_model(
     name: &str,
     net: &Network,
-    weights: &HashMap<ValueId, (usize, usize)>,
-    weights_file: &str,
+    weights: &WeightsFile,
+    file_name: &str,
+    placement: super::ModelWeights,
 ) -> Result<String, String> {
     let input = *net.inputs.first().ok_or("the network has no input")?;
     if net.inputs.len() != 1 {
@@ -168,9 +207,10 @@ pub(super) fn emit_model(
     let len = |v: ValueId| elements(&net.values[v].shape);
     let weight_expr = |w: ValueId| -> Result<String, String> {
         let (off, len) = weights
+            .offsets
             .get(&w)
             .ok_or_else(|| format!("weight {w} is not in the weights file"))?;
-        Ok(format!("weight({off}, {len})"))
+        Ok(format!("weight(w, {off}, {len})?"))
     };
     let mut fields = String::new();
     let mut field_names: Vec<String> = Vec::new();
@@ -262,8 +302,13 @@ pub(super) fn emit_model(
         r#"/// Network `{name}`, imported from ONNX: {calls} kernel calls of {tasks} distinct tasks.
 #[allow(warnings, clippy::all, unsafe_code, missing_docs)]
 pub mod {name} {{
-    static WEIGHTS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/harl/{weights_file}"));
-
+    /// The weights file's name.
+    pub const WEIGHTS_FILE: &str = "{file_name}";
+    /// Where the build wrote the weights file (ship a copy and [`Model::load`] it).
+    pub const WEIGHTS_PATH: &str = concat!(env!("OUT_DIR"), "/harl/{file_name}");
+    const FINGERPRINT: u64 = {fingerprint:#018x};
+    const WEIGHTS_LEN: usize = {payload_len};
+{embedded}
     fn check_lengths(input: &[f32], output: &[f32]) -> ::core::result::Result<(), ::harl::KernelError> {{
         if input.len() != {input_len} {{
             return Err(::harl::KernelError::Length {{ kernel: "{name}", arg: "input", got: input.len(), want: {input_len}, shape: "{input_shape:?}" }});
@@ -274,11 +319,8 @@ pub mod {name} {{
         Ok(())
     }}
 
-    fn weight(offset: usize, len: usize) -> ::std::vec::Vec<f32> {{
-        WEIGHTS[offset..offset + 4 * len]
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect()
+    fn weight(w: &[u8], offset: usize, len: usize) -> ::core::result::Result<::std::vec::Vec<f32>, ::harl::KernelError> {{
+        ::harl::weights::floats("{name}", w, offset, len)
     }}
 
     /// The input's shape.
@@ -292,9 +334,17 @@ pub mod {name} {{
     }}
 
     impl Model {{
-        /// Prepares every kernel's weights (embedded in the binary) and allocates the
-        /// intermediate tensors.
-        pub fn new() -> ::core::result::Result<Model, ::harl::KernelError> {{
+{new}
+        /// [`Model::from_weights`] of the weights file at `path` (a copy of [`WEIGHTS_PATH`]).
+        pub fn load(path: impl ::core::convert::AsRef<::std::path::Path>) -> ::core::result::Result<Model, ::harl::KernelError> {{
+            Model::from_weights(&::harl::weights::read("{name}", path.as_ref())?)
+        }}
+
+        /// Prepares every kernel's weights from `bytes`, a weights file's contents (checked:
+        /// a file of another model or build is an error), and allocates the intermediate
+        /// tensors.
+        pub fn from_weights(bytes: &[u8]) -> ::core::result::Result<Model, ::harl::KernelError> {{
+            let w = ::harl::weights::payload("{name}", bytes, FINGERPRINT, WEIGHTS_LEN)?;
 {init}            Ok(Model {{ {field_list}b: ::std::vec![{bufs}] }})
         }}
 
@@ -326,6 +376,27 @@ pub mod {name} {{
             .map(|f| format!("{f}, "))
             .collect::<String>(),
         bufs = bufs.join(", "),
+        fingerprint = weights.fingerprint,
+        payload_len = weights.payload_len,
+        embedded = match placement {
+            super::ModelWeights::Embedded => format!(
+                "    static WEIGHTS: &[u8] = include_bytes!(concat!(env!(\"OUT_DIR\"), \"/harl/{file_name}\"));\n"
+            ),
+            super::ModelWeights::File => String::new(),
+        },
+        new = match placement {
+            super::ModelWeights::Embedded => "        /// The model with the weights embedded in the binary.
+        pub fn new() -> ::core::result::Result<Model, ::harl::KernelError> {
+            Model::from_weights(WEIGHTS)
+        }
+",
+            super::ModelWeights::File => "        /// The model with the weights file the build wrote ([`WEIGHTS_PATH`], on the build
+        /// machine); a shipped binary uses [`Model::load`].
+        pub fn new() -> ::core::result::Result<Model, ::harl::KernelError> {
+            Model::load(WEIGHTS_PATH)
+        }
+",
+        },
     ))
 }
 
@@ -369,8 +440,15 @@ mod tests {
     #[test]
     fn node_names_from_the_file_never_reach_the_source_raw() {
         let evil = "a\n}\nfn injected() {}\n//";
-        let (_, offsets) = weights_blob(&relu_net(evil));
-        let src = emit_model("m", &relu_net(evil), &offsets, "m.weights").expect("emits");
+        let weights = weights_file(&relu_net(evil));
+        let src = emit_model(
+            "m",
+            &relu_net(evil),
+            &weights,
+            "m.weights",
+            super::super::ModelWeights::Embedded,
+        )
+        .expect("emits");
         // Quoted and escaped in the comment and in `CALLS`: never a line of its own.
         assert!(!src.contains("\nfn injected"), "{src}");
         assert!(src.contains(r#"a\n}\nfn injected() {}\n//"#), "{src}");
@@ -378,6 +456,14 @@ mod tests {
             src.contains("super::m_t0::run(input, &mut __out[..4])"),
             "{src}"
         );
+    }
+
+    /// The same answers as `harl::weights`' test (the reader): the two must agree bit for bit.
+    #[test]
+    fn fingerprint_known_answers() {
+        assert_eq!(fingerprint(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fingerprint(b"harl"), 0x1d3b_cc8b_14c0_a5e4);
+        assert_eq!(fingerprint(b"harl weights 1.0"), 0x499d_46a9_fd54_9617);
     }
 
     #[test]
