@@ -201,12 +201,21 @@ fn kernels() -> Vec<(&'static str, Kind)> {
             conv(256, 56, 512, 1, 2, false, None),
         ),
         ("resnet_s3_3x3s2_256", conv(256, 28, 256, 3, 2, false, Relu)),
+        // The later downsamples as the network fuses them: with the block's residual and ReLU.
+        (
+            "resnet_s3_downsample_1x1s2_residual",
+            conv(512, 28, 1024, 1, 2, true, Relu),
+        ),
         ("resnet_s3_3x3_256", conv(256, 14, 256, 3, 1, false, Relu)),
         (
             "resnet_s3_1x1_1024_residual",
             conv(256, 14, 1024, 1, 1, true, Relu),
         ),
         ("resnet_s4_3x3s2_512", conv(512, 14, 512, 3, 2, false, Relu)),
+        (
+            "resnet_s4_downsample_1x1s2_residual",
+            conv(1024, 14, 2048, 1, 2, true, Relu),
+        ),
         ("resnet_s4_3x3_512", conv(512, 7, 512, 3, 1, false, Relu)),
         (
             "resnet_s4_1x1_2048_residual",

@@ -31,6 +31,9 @@ pub struct Layout {
     /// read in a new page, where hardware prefetch stops), and resnet_s4's 1x1 convolution ran
     /// at 120 GFLOP/s against 210 with panels (hand-edited kernel, 1 thread, prepared weights).
     pub panel: Option<usize>,
+    /// The copy holds every `sample[d]`-th element along input axis `d`, all the stage reads
+    /// ([`sample_factors`]; `Step::CacheRead` samples the same way).
+    pub sample: Vec<usize>,
 }
 
 /// The width of a register tile along a layout's vector axis of `extent`: up to two vectors.
@@ -116,6 +119,7 @@ pub fn layout_choice(graph: &Graph, s: usize, target: &CpuTarget) -> Option<Layo
                     input,
                     order,
                     panel: (source.constant && tile < extent).then_some(tile),
+                    sample: sample_factors(stage, input, idx.len()),
                 },
             ));
         }
@@ -185,11 +189,13 @@ pub fn panel_layout(graph: &Graph, s: usize, width: usize) -> Option<Layout> {
     if width <= 1 || width >= extent || !extent.is_multiple_of(width) {
         return None;
     }
+    let rank = graph.inputs[input].shape.len();
     Some(Layout {
         vec_axis,
         input,
-        order: (0..graph.inputs[input].shape.len()).collect(),
+        order: (0..rank).collect(),
         panel: Some(width),
+        sample: sample_factors(stage, input, rank),
     })
 }
 
@@ -219,7 +225,10 @@ pub fn row_copy(graph: &Graph, s: usize, other: Option<&Layout>) -> Option<Layou
         .all(|(u, jdx)| *u != TensorRef::Input(input) || jdx == idx);
     let (row, rest) = idx.split_last()?;
     let spatial = |e: &Expr| (0..ns).any(|a| uses_axis(e, a));
-    if !once || row.stride(last, n_axes) != Some(1) || rest.iter().any(|e| uses_axis(e, last)) {
+    // A strided row (a 1x1 convolution of stride 2) is contiguous in the sampled copy.
+    let sample = sample_factors(stage, input, idx.len());
+    let row_step = i64::try_from(*sample.last()?).ok();
+    if !once || row.stride(last, n_axes) != row_step || rest.iter().any(|e| uses_axis(e, last)) {
         return None;
     }
     // Indices on spatial axes (or none) first, in their order; then the reduction's; the row.
@@ -235,7 +244,9 @@ pub fn row_copy(graph: &Graph, s: usize, other: Option<&Layout>) -> Option<Layou
     if inner.is_empty() || order.iter().enumerate().all(|(i, &o)| i == o) {
         return None;
     }
-    let copied: usize = source.shape.iter().product();
+    let copied = sampled_shape(&source.shape, &sample)
+        .iter()
+        .try_fold(1usize, |n, &e| n.checked_mul(e))?;
     if copied.checked_mul(MIN_ROW_COPY_REUSE)? > work_of(stage)? {
         return None;
     }
@@ -244,7 +255,79 @@ pub fn row_copy(graph: &Graph, s: usize, other: Option<&Layout>) -> Option<Layou
         input,
         order,
         panel: None,
+        sample,
     })
+}
+
+/// How sparsely `stage` reads graph input `input` along each of the input's `rank` axes: the
+/// largest factor dividing every index of every read along that axis (the coefficients of the
+/// stage's axes that take more than one value, and the constant), 1 where an index is not
+/// affine or nothing larger divides. A 1x1 convolution of stride 2 reads `x[n, c, 2oh, 2ow]`:
+/// `[1, 1, 2, 2]`, and a copy of every second element along the last two axes (a quarter of
+/// the input) holds all it reads. `Step::CacheRead` copies with these factors.
+pub fn sample_factors(stage: &harl_te::Stage, input: usize, rank: usize) -> Vec<usize> {
+    let extents = stage.axis_extents();
+    let mut g = vec![0u64; rank];
+    for (t, idx) in loads_of(stage) {
+        if t != TensorRef::Input(input) {
+            continue;
+        }
+        for (d, e) in idx.iter().enumerate().take(rank) {
+            g[d] = match varying(e, &extents) {
+                Some(a) => a
+                    .terms
+                    .values()
+                    .chain([&a.constant])
+                    .fold(g[d], |x, &c| gcd(x, c.unsigned_abs())),
+                None => 1,
+            };
+        }
+    }
+    g.into_iter()
+        .map(|f| usize::try_from(f).unwrap_or(1).max(1))
+        .collect()
+}
+
+/// Index `e` of a read sampled by `factor` ([`sample_factors`]): `e / factor` as an affine
+/// expression, or `None` when `factor` does not divide it. `extents` are the reading stage's
+/// axis extents.
+pub fn sampled_index(e: &Expr, factor: usize, extents: &[usize]) -> Option<Expr> {
+    if factor == 1 {
+        return Some(e.clone());
+    }
+    let f = i64::try_from(factor).ok()?;
+    let mut a = varying(e, extents)?;
+    for c in a.terms.values_mut().chain([&mut a.constant]) {
+        if *c % f != 0 {
+            return None;
+        }
+        *c /= f;
+    }
+    Some(a.to_expr())
+}
+
+/// The extents of a copy of an input of `shape` sampled by `sample` (missing factors are 1).
+fn sampled_shape(shape: &[usize], sample: &[usize]) -> Vec<usize> {
+    shape
+        .iter()
+        .enumerate()
+        .map(|(d, &n)| n.div_ceil(sample.get(d).copied().unwrap_or(1).max(1)))
+        .collect()
+}
+
+/// `e`'s affine form without the axes of extent 1 (always 0).
+fn varying(e: &Expr, extents: &[usize]) -> Option<crate::affine::Affine> {
+    let mut a = crate::affine::affine(e)?;
+    a.terms
+        .retain(|&v, _| extents.get(v).is_none_or(|&n| n > 1));
+    Some(a)
+}
+
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
 }
 
 /// The multiply-adds of a reduction stage: its size times its reduction's; `None` for a stage
@@ -282,7 +365,8 @@ pub fn copy_steps(copy: usize, graph: &Graph, layout: &Layout) -> Vec<Step> {
     let Some(input) = graph.inputs.get(layout.input) else {
         return Vec::new();
     };
-    let shape: Vec<usize> = layout.order.iter().map(|&o| input.shape[o]).collect();
+    let sampled = sampled_shape(&input.shape, &layout.sample);
+    let shape: Vec<usize> = layout.order.iter().map(|&o| sampled[o]).collect();
     if layout.panel.is_some() {
         // Made once, by `prepare`: the panels in parallel.
         return vec![Step::Parallel { stage: copy, at: 0 }];
@@ -370,6 +454,62 @@ mod tests {
         // A GEMM's B[k, n] already has its reduction next to its row.
         let gemm = w::matmul(64, 256, 512).expect("matmul");
         assert!(row_copy(&gemm, gemm.stages.len() - 1, None).is_none());
+    }
+
+    /// A 1x1 convolution of stride 2 reads every second pixel of every second row: its row copy
+    /// holds only those (a quarter of the input), channels next to the row, and the program
+    /// lowered from the default schedule computes what the graph computes.
+    #[test]
+    fn strided_rows_are_copied_sampled() {
+        let g = w::conv2d(1, 16, 14, 14, 256, 1, 1, 2, 0, 1, 1).expect("conv2d");
+        let s = g.stages.len() - 1;
+        let stage = &g.stages[s];
+        assert_eq!(sample_factors(stage, 0, 4), vec![1, 1, 2, 2]);
+        assert_eq!(sample_factors(stage, 1, 4), vec![1, 1, 1, 1]);
+        let filter = layout_choice(&g, s, &CpuTarget::host()).expect("a filter layout");
+        let l = row_copy(&g, s, Some(&filter)).expect("a sampled row copy");
+        assert_eq!(
+            (l.input, l.order, l.sample),
+            (0, vec![0, 2, 1, 3], vec![1, 1, 2, 2])
+        );
+        // A 3x3 window of stride 2 reads every pixel: no sampling, no row copy.
+        let g3 = w::conv2d(1, 16, 14, 14, 256, 3, 3, 2, 1, 1, 1).expect("conv2d");
+        let s3 = g3.stages.len() - 1;
+        assert!(sample_factors(&g3.stages[s3], 0, 4).iter().all(|&f| f == 1));
+        assert!(row_copy(&g3, s3, None).is_none());
+        // Indices: `2 * oh + kh` with kh of extent 1 is `oh` in the copy; an odd one is not.
+        let ext = [1, 256, 7, 7, 16, 1, 1];
+        let e = Expr::Axis(2) * Expr::int(2) + Expr::Axis(5);
+        assert_eq!(sampled_index(&e, 2, &ext), Some(Expr::Axis(2)));
+        assert_eq!(sampled_index(&(e + Expr::int(1)), 2, &ext), None);
+        let avx2 = CpuTarget {
+            vector_bytes: 32,
+            acc_registers: 12,
+            threads: 2,
+        };
+        let schedule = crate::default_schedule::default_schedule(&g, &avx2);
+        let program = crate::lower::lower(&g, &schedule).expect("lowers");
+        let copy = program
+            .graph
+            .stages
+            .iter()
+            .find(|st| st.name.ends_with("_read0"))
+            .expect("the input's copy");
+        assert_eq!(copy.shape, vec![1, 7, 16, 7], "{schedule:?}");
+        let inputs: Vec<Vec<f64>> = g
+            .inputs
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                (0..p.shape.iter().product::<usize>())
+                    .map(|j| ((j * 7 + i * 3) % 11) as f64 - 5.0)
+                    .collect()
+            })
+            .collect();
+        let refs: Vec<&[f64]> = inputs.iter().map(|v| v.as_slice()).collect();
+        let want = harl_te::interp::run(&g, &refs).expect("graph");
+        let got = harl_te::interp::run(&program.graph, &refs).expect("scheduled graph");
+        assert_eq!(got, want);
     }
 
     /// A weight read along the output's last axis and a reduction is packed in panels, and so

@@ -3,6 +3,7 @@
 
 #![warn(missing_docs)]
 
+pub mod affine;
 pub mod builder;
 pub mod cache;
 pub mod codegen;

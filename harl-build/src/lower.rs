@@ -726,11 +726,20 @@ impl Lowering {
         if !is_permutation(order, rank) {
             return Err(format!("{order:?} is not a permutation of {rank} axes"));
         }
-        // The input axis cut into panels, its extent and the panel width.
+        // Every `sample[d]`-th element along input axis `d`: all the stage reads of it (a 1x1
+        // convolution of stride 2 reads every second pixel).
+        let sample = crate::layout::sample_factors(&self.graph.stages[s], input, rank);
+        let extents: Vec<usize> = param
+            .shape
+            .iter()
+            .zip(&sample)
+            .map(|(&n, &f)| n.div_ceil(f))
+            .collect();
+        // The input axis cut into panels, its (sampled) extent and the panel width.
         let panel = match (panel, order.last()) {
             (None, _) | (_, None) => None,
             (Some(p), Some(&last)) => {
-                let n = param.shape[last];
+                let n = extents[last];
                 if p == 0 || !n.is_multiple_of(p) {
                     return Err(format!("a panel of {p} does not divide the extent {n}"));
                 }
@@ -750,14 +759,14 @@ impl Lowering {
             return Err(format!("stage {s} does not read input {input}"));
         }
         self.check_untouched_from(s, "cache_read")?;
-        // The copy's element at axes (a_0..a_r) is the input at a_{inverse(order)}; with panels
-        // the axes are (panel, a_0..a_{r-2}, within panel).
+        // The copy's element at axes (a_0..a_r) is the input at a_{inverse(order)} (times the
+        // sampling); with panels the axes are (panel, a_0..a_{r-2}, within panel).
         let mut src = vec![Expr::int(0); rank];
         let shift = usize::from(panel.is_some());
         for (i, &o) in order.iter().enumerate() {
             src[o] = Expr::Axis(i + shift);
         }
-        let mut shape: Vec<usize> = order.iter().map(|&o| param.shape[o]).collect();
+        let mut shape: Vec<usize> = order.iter().map(|&o| extents[o]).collect();
         if let Some((last, n, p)) = panel {
             src[last] = Expr::Axis(0) * Expr::int(p as i64) + Expr::Axis(rank);
             shape.insert(0, n / p);
@@ -765,6 +774,12 @@ impl Lowering {
                 *l = p;
             }
         }
+        for (e, &f) in src.iter_mut().zip(&sample) {
+            if f > 1 {
+                *e = e.clone() * Expr::int(f as i64);
+            }
+        }
+        let reader_extents = self.graph.stages[s].axis_extents();
         let copy = harl_te::Stage {
             name: format!("{}_read{input}", self.graph.stages[s].name),
             shape,
@@ -773,9 +788,21 @@ impl Lowering {
             dtype: param.dtype,
         };
         self.insert_stage(s, copy)?;
+        let mut undivided = false;
         let reader = &mut self.graph.stages[s + 1];
         reader.body = reader.body.map(&mut |e| match e {
             Expr::Load(TensorRef::Input(i), idx) if i == input => {
+                let idx: Vec<Expr> = idx
+                    .iter()
+                    .zip(&sample)
+                    .map(|(e, &f)| {
+                        crate::layout::sampled_index(e, f, &reader_extents).unwrap_or_else(|| {
+                            // `sample_factors` divides every read's index; never reached.
+                            undivided = true;
+                            e.clone()
+                        })
+                    })
+                    .collect();
                 let mut to: Vec<Expr> = order.iter().map(|&o| idx[o].clone()).collect();
                 if let Some((last, _, p)) = panel {
                     let p = Expr::int(p as i64);
@@ -788,6 +815,9 @@ impl Lowering {
             }
             other => other,
         });
+        if undivided {
+            return Err(format!("input {input}'s reads are not sampled evenly"));
+        }
         Ok(())
     }
 

@@ -8,84 +8,14 @@
 //! varying part the extent. Fixed parts must agree between the reads of one dimension (a read
 //! at a block-dependent offset of another read would need a box per offset).
 
+use crate::affine::{affine, Affine};
 use crate::loop_ir::{SharedBox, Stmt};
 use harl_te::graph::interval;
-use harl_te::{BinaryOp, DType, Expr, TensorRef, UnaryOp};
-use std::collections::{BTreeMap, HashSet};
+use harl_te::{Expr, TensorRef};
+use std::collections::HashSet;
 
 /// Shared memory a block may use for staged inputs (the static limit of every CUDA device).
 pub const MAX_SHARED_BYTES: usize = 48 * 1024;
-
-/// `sum(coef * var) + constant`.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-struct Affine {
-    terms: BTreeMap<usize, i64>,
-    constant: i64,
-}
-
-impl Affine {
-    fn add(mut self, other: Affine, sign: i64) -> Option<Affine> {
-        for (v, c) in other.terms {
-            let t = self.terms.entry(v).or_insert(0);
-            *t = t.checked_add(c.checked_mul(sign)?)?;
-        }
-        self.constant = self
-            .constant
-            .checked_add(other.constant.checked_mul(sign)?)?;
-        self.terms.retain(|_, c| *c != 0);
-        Some(self)
-    }
-
-    fn scale(mut self, k: i64) -> Option<Affine> {
-        for c in self.terms.values_mut() {
-            *c = c.checked_mul(k)?;
-        }
-        self.constant = self.constant.checked_mul(k)?;
-        self.terms.retain(|_, c| *c != 0);
-        Some(self)
-    }
-
-    fn to_expr(&self) -> Expr {
-        self.terms
-            .iter()
-            .map(|(&v, &c)| {
-                if c == 1 {
-                    Expr::Axis(v)
-                } else {
-                    Expr::Axis(v) * Expr::int(c)
-                }
-            })
-            .chain((self.constant != 0).then(|| Expr::int(self.constant)))
-            .reduce(|a, b| a + b)
-            .unwrap_or_else(|| Expr::int(0))
-    }
-}
-
-/// `e` as an affine form of loop variables, if it is one.
-fn affine(e: &Expr) -> Option<Affine> {
-    match e {
-        Expr::Const(v, d) if *d != DType::Bool && v.fract() == 0.0 => Some(Affine {
-            terms: BTreeMap::new(),
-            constant: *v as i64,
-        }),
-        Expr::Axis(v) => Some(Affine {
-            terms: BTreeMap::from([(*v, 1)]),
-            constant: 0,
-        }),
-        Expr::Binary(BinaryOp::Add, a, b) => affine(a)?.add(affine(b)?, 1),
-        Expr::Binary(BinaryOp::Sub, a, b) => affine(a)?.add(affine(b)?, -1),
-        Expr::Binary(BinaryOp::Mul, a, b) => {
-            let (x, y) = (affine(a)?, affine(b)?);
-            match (x.terms.is_empty(), y.terms.is_empty()) {
-                (true, _) => y.scale(x.constant),
-                (_, true) => x.scale(y.constant),
-                _ => None,
-            }
-        }
-        Expr::Unary(UnaryOp::Neg, a) => affine(a)?.scale(-1),
-        _ => None,
-    }
-}
 
 /// The variables `stmts` bind (loop and let variables), added to `out`.
 pub fn bound_vars(stmts: &[Stmt], out: &mut HashSet<usize>) {

@@ -58,6 +58,14 @@ fn cases() -> Vec<Case> {
         ),
         w::conv2d(1, 4, 2, 16, 256, 1, 1, 1, 0, 1, 1).expect("1x1 conv, 16-pixel rows"),
         matmul(32, 16, 256, false),
+        // A 1x1 convolution of stride 2: its input copy holds every second pixel of every
+        // second row (`layout::sample_factors`), under the default's filter panels and under
+        // random schedules' cache_reads.
+        weights(
+            w::conv2d(1, 16, 14, 14, 256, 1, 1, 2, 0, 1, 1).expect("1x1 conv, stride 2"),
+            &[1],
+        ),
+        w::conv2d(1, 3, 10, 10, 8, 1, 1, 2, 0, 1, 1).expect("small 1x1 conv, stride 2"),
     ];
     let mut out = Vec::new();
     for (gi, g) in graphs.iter().enumerate() {
