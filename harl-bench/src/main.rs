@@ -107,9 +107,10 @@ enum Command {
         rounds: usize,
     },
     /// Time the default schedule twice and each sketch's seed in one batch, rotating their
-    /// order (a check of the measurer).
+    /// order (a check of the measurer); with `--against`, schedules saved by another build of
+    /// harl-bench too (an A/B of two default heuristics in one sitting).
     Probe {
-        /// Suite name or spec.
+        /// Suite name or spec, or a `models` kernel's name (weights prepared).
         #[arg(long)]
         workload: String,
         /// Threads.
@@ -121,6 +122,12 @@ enum Command {
         /// Write the timed candidates' code here.
         #[arg(long)]
         emit: Option<PathBuf>,
+        /// Write this build's default schedule of the workload to this file (JSON) and stop.
+        #[arg(long)]
+        save_default: Option<PathBuf>,
+        /// Also time the schedule in this file (JSON, from `--save-default`), named by the file.
+        #[arg(long)]
+        against: Vec<PathBuf>,
     },
     /// harl's vector math (exp, log, tanh, erf, GELU) in emitted kernels against the scalar
     /// libm loop harl emitted before, one thread, interleaved rounds.
@@ -198,7 +205,16 @@ fn run(command: Command) -> Result<(), Error> {
             threads,
             rounds,
             emit,
-        } => probe::run(&workload, threads, rounds, emit.as_deref()),
+            save_default,
+            against,
+        } => probe::run(&probe::Probe {
+            workload: &workload,
+            threads,
+            rounds,
+            emit: emit.as_deref(),
+            save_default: save_default.as_deref(),
+            against: &against,
+        }),
         Command::Summarize { dir } => summarize::run(&dir),
         Command::CompareSummary(c) => {
             print!("{}", summarize::compare_table(&c.dir, &c.strategy)?);

@@ -11,19 +11,38 @@ use crate::Error;
 use harl_build::default_schedule::default_schedule;
 use harl_tune::space::cpu::generate_sketches;
 
-/// Times the default schedule (twice) and the sketches' default points, `rounds` rounds; with
-/// `emit`, also writes each schedule's generated Rust module there (`0.rs`, `1.rs`, ...).
-pub fn run(
-    workload: &str,
-    threads: usize,
-    rounds: usize,
-    emit: Option<&std::path::Path>,
-) -> Result<(), Error> {
+/// What `probe` times and where it writes.
+pub struct Probe<'a> {
+    /// Suite name or spec, or a `models` kernel's name.
+    pub workload: &'a str,
+    /// Threads of the timed runs.
+    pub threads: usize,
+    /// Rounds (each candidate once a round, in a rotating order).
+    pub rounds: usize,
+    /// Where to write each candidate's generated module.
+    pub emit: Option<&'a std::path::Path>,
+    /// Where to write the default schedule (JSON); nothing is timed then.
+    pub save_default: Option<&'a std::path::Path>,
+    /// Schedules (JSON) to time beside the default, each named by its file.
+    pub against: &'a [std::path::PathBuf],
+}
+
+/// Times the default schedule (twice) and the schedules of `against`, or, without those, the
+/// sketches' default points, `rounds` rounds; with `emit`, also writes each schedule's generated Rust module there
+/// (`0.rs`, `1.rs`, ...).
+pub fn run(p: &Probe<'_>) -> Result<(), Error> {
+    let (workload, threads, rounds, emit) = (p.workload, p.threads, p.rounds, p.emit);
     let graph = match crate::models::kernel_graph(workload) {
         Some(graph) => graph?,
         None => suite::build(&suite::resolve(workload)?.spec)?,
     };
     let target = host_target(threads);
+    if let Some(file) = p.save_default {
+        let json = serde_json::to_string_pretty(&default_schedule(&graph, &target))
+            .map_err(|e| e.to_string())?;
+        std::fs::write(file, json)?;
+        return Ok(());
+    }
     let mut named = vec![
         ("default".to_string(), default_schedule(&graph, &target)),
         (
@@ -31,7 +50,22 @@ pub fn run(
             default_schedule(&graph, &target),
         ),
     ];
-    for (i, sk) in generate_sketches(&graph, &target).iter().enumerate() {
+    for file in p.against {
+        let text = std::fs::read_to_string(file)?;
+        let schedule =
+            serde_json::from_str(&text).map_err(|e| format!("{}: {e}", file.display()))?;
+        let name = file
+            .file_stem()
+            .map_or_else(|| "against".into(), |s| s.to_string_lossy().into_owned());
+        named.push((name, schedule));
+    }
+    // An A/B times only the defaults; otherwise the sketches' seeds too.
+    let seeds = if p.against.is_empty() {
+        generate_sketches(&graph, &target)
+    } else {
+        Vec::new()
+    };
+    for (i, sk) in seeds.iter().enumerate() {
         if let Some(p) = sk.default_params(i, &target) {
             named.push((format!("seed of {}", sk.name()), sk.to_schedule(&p)?));
         }
