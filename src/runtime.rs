@@ -4,6 +4,7 @@
 //! This is the narrow layer where harl itself uses `unsafe` outside generated kernels.
 
 pub mod math;
+pub mod peak;
 
 use std::sync::OnceLock;
 

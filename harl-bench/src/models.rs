@@ -138,6 +138,9 @@ fn depthwise(c: usize, hw: usize, stride: usize) -> Kind {
 fn kernels() -> Vec<(&'static str, Kind)> {
     use Act::*;
     vec![
+        // Square GEMMs (the share-of-peak target), the right operand a weight.
+        ("gemm_512", dense(512, 512, 512, false, false, None)),
+        ("gemm_1024", dense(1024, 1024, 1024, false, false, None)),
         // BERT-base, sequence 128: hidden 768, 12 heads of 64, FFN 3072.
         ("bert_qkv", dense(128, 768, 2304, true, false, None)),
         (
@@ -497,6 +500,9 @@ pub fn run(o: &Options) -> Result<(), Error> {
     // The peers run before harl and again after it; each figure is the faster of the two, so
     // a noisy phase of a shared machine counts against harl, not for it.
     let first = run_peers(o, &spec_path, &o.out.join("peers-before.json"), &check_dir)?;
+    // One thread's multiply-add peak in this sitting: the `% of peak` columns.
+    let peak = harl::runtime::peak::fma_peak_flops(1.0) / 1e9;
+    eprintln!("FMA peak, one thread: {peak:.1} GFLOP/s");
     let mut rows = Vec::new();
     for (name, kind) in &chosen {
         let err = check_small(name, kind, &check_dir)?;
@@ -571,13 +577,14 @@ pub fn run(o: &Options) -> Result<(), Error> {
         "machine: {} ({}, {} cores)",
         target.cpu_model, target.isa_class, target.cores
     );
-    let report = json!({"peers": [first, second], "rows": rows, "threads": o.threads, "trials": o.trials, "target": target});
+    println!("FMA peak, one thread: {peak:.1} GFLOP/s");
+    let report = json!({"peers": [first, second], "rows": rows, "threads": o.threads, "trials": o.trials, "target": target, "fma_peak_gflops": peak});
     std::fs::write(
         o.out.join("models.json"),
         serde_json::to_string_pretty(&report)?,
     )?;
     for &t in &o.threads {
-        print!("{}", table(&rows, t, o.trials.is_some()));
+        print!("{}", table(&rows, t, o.trials.is_some(), peak * t as f64));
     }
     Ok(())
 }
@@ -611,8 +618,9 @@ fn run_peers(o: &Options, spec_path: &Path, out: &Path, check_dir: &Path) -> Res
 }
 
 /// One thread count's table: GFLOP/s of harl (default, tuned) and the peers, harl's best over
-/// the best peer, and the geomean of those ratios.
-fn table(rows: &[Value], t: usize, tuned: bool) -> String {
+/// the best peer, the default's share of `peak` (GFLOP/s of the thread count), and the geomean
+/// of those ratios.
+fn table(rows: &[Value], t: usize, tuned: bool, peak: f64) -> String {
     let gf = |row: &Value, key: String| {
         row[&key]
             .as_f64()
@@ -621,7 +629,7 @@ fn table(rows: &[Value], t: usize, tuned: bool) -> String {
     };
     let cell = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
     let mut out = format!(
-        "\n{t} thread(s), GFLOP/s\n| kernel | harl default | {}onnxruntime | numpy BLAS | default / best peer |{}\n|---|---|---|---|---|{}\n",
+        "\n{t} thread(s), GFLOP/s (peak {peak:.1})\n| kernel | harl default | {}onnxruntime | numpy BLAS | default / best peer | default / peak |{}\n|---|---|---|---|---|---|{}\n",
         if tuned { "harl tuned | " } else { "" },
         if tuned { " tuned / best peer |" } else { "" },
         if tuned { "---|---|" } else { "" },
@@ -647,8 +655,9 @@ fn table(rows: &[Value], t: usize, tuned: bool) -> String {
             logs_t.push(r.ln());
         }
         let r = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}x"));
+        let share = d.filter(|_| peak > 0.0).map(|d| d / peak);
         out.push_str(&format!(
-            "| {} | {} | {}{} | {} | {} |{}\n",
+            "| {} | {} | {}{} | {} | {} | {} |{}\n",
             row["kernel"].as_str().unwrap_or("?"),
             cell(d),
             if tuned {
@@ -659,6 +668,7 @@ fn table(rows: &[Value], t: usize, tuned: bool) -> String {
             cell(ort),
             cell(blas),
             r(ratio(d)),
+            share.map_or("-".to_string(), |v| format!("{:.0}%", 100.0 * v)),
             if tuned {
                 format!(" {} |", r(ratio(tu)))
             } else {
@@ -675,12 +685,12 @@ fn table(rows: &[Value], t: usize, tuned: bool) -> String {
     };
     out.push_str(&if tuned {
         format!(
-            "| geomean | | | | | {} | {} |\n",
+            "| geomean | | | | | {} | | {} |\n",
             geo(&logs_d),
             geo(&logs_t)
         )
     } else {
-        format!("| geomean | | | | {} |\n", geo(&logs_d))
+        format!("| geomean | | | | {} | |\n", geo(&logs_d))
     });
     out
 }
