@@ -206,8 +206,9 @@ pub fn panel_input(graph: &Graph, s: usize) -> Option<usize> {
 /// channels, for a 1x1 convolution). The copy streams the whole input through memory on every
 /// call; with 64 or 96 output channels it cost as much as it saved (ResNet's 56x56 256-to-64
 /// and MobileNet's 112x112 16-to-96 pointwise convolutions went from 0.81x and 1.18x of
-/// onnxruntime to 0.43x and 0.59x, one AVX2 thread, in a noisy sitting; an A/B of 256 against
-/// 64 was inconclusive), with 256 and more it pays (stage 4's 512-to-2048: 0.52x -> 0.77x).
+/// onnxruntime to 0.43x and 0.59x, one AVX2 thread, in a noisy sitting; then in one worker,
+/// `harl-bench probe --against`, a threshold of 64 ran the four kernels it changes at
+/// 0.89-0.97x of 256's), with 256 and more it pays (stage 4's 512-to-2048: 0.52x -> 0.77x).
 const MIN_ROW_COPY_REUSE: usize = 256;
 
 /// An activation's rows must be at least this many elements long for its panel copy to pay:

@@ -92,7 +92,10 @@ pub enum Step {
     /// Copies graph input `input`, as `stage` reads it, into a new root stage inserted before
     /// `stage`, with its axes permuted: the copy's axis `i` is the input's axis `order[i]`. Then
     /// `stage` reads the copy, so a layout that makes the stage's vector loop walk contiguous
-    /// memory costs one pass over the (small) input. Stages from `stage` on move up one index
+    /// memory costs one pass over the (small) input. Along an axis where every read's index is
+    /// a multiple of some `f` (a 1x1 convolution of stride 2), the copy holds only every
+    /// `f`-th element (`layout::sample_factors`, derived from the graph, never from the step).
+    /// Stages from `stage` on move up one index
     /// for the steps that follow; like [`Step::Rfactor`], it must come before any other step on
     /// `stage` or a later stage.
     CacheRead {
