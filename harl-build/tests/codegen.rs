@@ -66,6 +66,8 @@ fn cases() -> Vec<Case> {
             &[1],
         ),
         w::conv2d(1, 3, 10, 10, 8, 1, 1, 2, 0, 1, 1).expect("small 1x1 conv, stride 2"),
+        // A GEMV with its weight in four panels read side by side (`thin_streams`).
+        weights(w::dense_bias_relu(1, 24, 128).expect("gemv"), &[1, 2]),
     ];
     let mut out = Vec::new();
     for (gi, g) in graphs.iter().enumerate() {
