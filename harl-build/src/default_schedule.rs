@@ -332,7 +332,7 @@ fn plan(
                     at: vector_at,
                 });
             }
-            Insert::CacheRead(l) => out.extend(copy_steps(p, graph, l)),
+            Insert::CacheRead(l) => out.extend(copy_steps(p, graph, *r, l)),
         }
     }
     // Each chain computed within its first stage's rows loop (the first rfactor partial,

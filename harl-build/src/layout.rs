@@ -32,9 +32,6 @@ pub struct Layout {
     /// read in a new page, where hardware prefetch stops), and resnet_s4's 1x1 convolution ran
     /// at 120 GFLOP/s against 210 with panels (hand-edited kernel, 1 thread, prepared weights).
     pub panel: Option<usize>,
-    /// The copy holds every `sample[d]`-th element along input axis `d`, all the stage reads
-    /// ([`sample_factors`]; `Step::CacheRead` samples the same way).
-    pub sample: Vec<usize>,
 }
 
 /// The width of a register tile along a layout's vector axis of `extent`: up to two vectors.
@@ -65,10 +62,12 @@ const MIN_REUSE: usize = 16;
 /// better. The axis with the largest extent wins.
 pub fn layout_choice(graph: &Graph, s: usize, target: &CpuTarget) -> Option<Layout> {
     let stage = graph.stages.get(s)?;
-    stage.reduce.as_ref()?;
+    let reduction: usize = stage.reduce.as_ref()?.extents.iter().product();
     let ns = stage.n_spatial();
     let last = ns.checked_sub(1)?;
-    let n_axes = stage.axis_extents().len();
+    let extents = stage.axis_extents();
+    let n_axes = extents.len();
+    let elem = elem_bytes(stage.dtype);
     let step = |e: &Expr, a: usize| e.stride(a, n_axes);
     let loads = loads_of(stage);
     let strided = loads.iter().any(|(_, idx)| {
@@ -77,14 +76,12 @@ pub fn layout_choice(graph: &Graph, s: usize, target: &CpuTarget) -> Option<Layo
     });
     // A window along the row (a 3x3 convolution's taps): the row tile's vector operand moves
     // with the reduction, and the compiler keeps each tap's vector live beside the tile.
-    let extents = stage.axis_extents();
     let windowed = loads.iter().any(|(_, idx)| {
         idx.last().is_some_and(|l| {
             uses_axis(l, last) && (ns..n_axes).any(|a| extents[a] > 1 && uses_axis(l, a))
         })
     });
-    let lanes = (target.vector_bytes / elem_bytes(stage.dtype)).max(1);
-    let reduction = stage.reduce.as_ref()?.extents.iter().product::<usize>();
+    let lanes = (target.vector_bytes / elem).max(1);
     // How well the default's register tile along the last axis fills the vectors, and its
     // throughput by the tile model.
     let plain =
@@ -95,7 +92,7 @@ pub fn layout_choice(graph: &Graph, s: usize, target: &CpuTarget) -> Option<Layo
             vec_extent: stage.shape[last],
             row_extent: p.row_axis.map_or(1, |a| stage.shape[a]),
             reduction: reduction / p.red[0].max(1),
-            elem_bytes: elem_bytes(stage.dtype),
+            elem_bytes: elem,
         };
         throughput(&problem, target, p.row[2], p.vec[2])
     });
@@ -129,7 +126,7 @@ pub fn layout_choice(graph: &Graph, s: usize, target: &CpuTarget) -> Option<Layo
                 vec_extent: extent,
                 row_extent: stage.shape[last],
                 reduction,
-                elem_bytes: elem_bytes(stage.dtype),
+                elem_bytes: elem,
             };
             let own = choose(&problem, target);
             let faster =
@@ -154,7 +151,6 @@ pub fn layout_choice(graph: &Graph, s: usize, target: &CpuTarget) -> Option<Layo
                     input,
                     order,
                     panel: (source.constant && tile < extent).then_some(tile),
-                    sample: sample_factors(stage, input, idx.len()),
                 },
             ));
         }
@@ -225,13 +221,11 @@ pub fn panel_layout(graph: &Graph, s: usize, width: usize) -> Option<Layout> {
     if width <= 1 || width >= extent || !extent.is_multiple_of(width) {
         return None;
     }
-    let rank = graph.inputs[input].shape.len();
     Some(Layout {
         vec_axis,
         input,
-        order: (0..rank).collect(),
+        order: (0..graph.inputs[input].shape.len()).collect(),
         panel: Some(width),
-        sample: sample_factors(stage, input, rank),
     })
 }
 
@@ -291,7 +285,6 @@ pub fn row_copy(graph: &Graph, s: usize, other: Option<&Layout>) -> Option<Layou
         input,
         order,
         panel: None,
-        sample,
     })
 }
 
@@ -343,7 +336,7 @@ pub fn sampled_index(e: &Expr, factor: usize, extents: &[usize]) -> Option<Expr>
 }
 
 /// The extents of a copy of an input of `shape` sampled by `sample` (missing factors are 1).
-fn sampled_shape(shape: &[usize], sample: &[usize]) -> Vec<usize> {
+pub fn sampled_shape(shape: &[usize], sample: &[usize]) -> Vec<usize> {
     shape
         .iter()
         .enumerate()
@@ -391,17 +384,20 @@ fn loads_of(stage: &harl_te::Stage) -> Vec<(TensorRef, Vec<Expr>)> {
     loads
 }
 
-/// The steps of the `cache_read` copy that `layout` makes, at stage `copy` (its axes are the
-/// input's with the moved one last): a blocked transpose. The last axis is split into blocks of a cache line
+/// The steps of the `cache_read` copy that `layout` makes for stage `reader` of `graph`, at
+/// stage `copy` of the scheduled graph (its axes are the input's, sampled as `reader` reads
+/// them, with the moved one last): a blocked transpose. The last axis is split into blocks of a cache line
 /// (16 f32), the block loop goes outermost and runs in parallel, the other axes in between keep
 /// the input's order: each block then reads its rows of the input as a few contiguous streams
 /// and writes whole lines, where the plain nest read the input with the stride of a whole row
 /// for every element (a 256x256x3x3 filter copy took longer than its convolution).
-pub fn copy_steps(copy: usize, graph: &Graph, layout: &Layout) -> Vec<Step> {
-    let Some(input) = graph.inputs.get(layout.input) else {
+pub fn copy_steps(copy: usize, graph: &Graph, reader: usize, layout: &Layout) -> Vec<Step> {
+    let (Some(input), Some(stage)) = (graph.inputs.get(layout.input), graph.stages.get(reader))
+    else {
         return Vec::new();
     };
-    let sampled = sampled_shape(&input.shape, &layout.sample);
+    let rank = input.shape.len();
+    let sampled = sampled_shape(&input.shape, &sample_factors(stage, layout.input, rank));
     let shape: Vec<usize> = layout.order.iter().map(|&o| sampled[o]).collect();
     if layout.panel.is_some() {
         // Made once, by `prepare`: the panels in parallel.
@@ -524,10 +520,7 @@ mod tests {
         assert_eq!(sample_factors(stage, 1, 4), vec![1, 1, 1, 1]);
         let filter = layout_choice(&g, s, &CpuTarget::host()).expect("a filter layout");
         let l = row_copy(&g, s, Some(&filter)).expect("a sampled row copy");
-        assert_eq!(
-            (l.input, l.order, l.sample),
-            (0, vec![0, 2, 1, 3], vec![1, 1, 2, 2])
-        );
+        assert_eq!((l.input, l.order), (0, vec![0, 2, 1, 3]));
         // A 3x3 window of stride 2 reads every pixel: no sampling, no row copy.
         let g3 = w::conv2d(1, 16, 14, 14, 256, 3, 3, 2, 1, 1, 1).expect("conv2d");
         let s3 = g3.stages.len() - 1;

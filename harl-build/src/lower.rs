@@ -729,12 +729,7 @@ impl Lowering {
         // Every `sample[d]`-th element along input axis `d`: all the stage reads of it (a 1x1
         // convolution of stride 2 reads every second pixel).
         let sample = crate::layout::sample_factors(&self.graph.stages[s], input, rank);
-        let extents: Vec<usize> = param
-            .shape
-            .iter()
-            .zip(&sample)
-            .map(|(&n, &f)| n.div_ceil(f))
-            .collect();
+        let extents = crate::layout::sampled_shape(&param.shape, &sample);
         // The input axis cut into panels, its (sampled) extent and the panel width.
         let panel = match (panel, order.last()) {
             (None, _) | (_, None) => None,

@@ -122,6 +122,8 @@ pub(super) struct WeightsFile {
 
 /// The first bytes of a weights file (`harl::weights::MAGIC`).
 const MAGIC: &[u8; 8] = b"HARLWTS1";
+/// Bytes before the payload: magic, fingerprint, payload length (`harl::weights::HEADER_LEN`).
+const HEADER_LEN: usize = 24;
 
 /// `harl::weights::fingerprint`, the runtime's check of the file: the two crates assert the
 /// same known answers.
@@ -138,27 +140,28 @@ fn fingerprint(payload: &[u8]) -> u64 {
 /// The weights file of `net`: every weight's f32 values, little-endian, one after another,
 /// behind the header.
 pub(super) fn weights_file(net: &Network) -> WeightsFile {
-    let mut payload = Vec::new();
+    // The header's fingerprint and length are filled in once the payload is written after it
+    // (one buffer: BERT-base's weights are 340 MB).
+    let mut bytes = vec![0u8; HEADER_LEN];
+    bytes[..MAGIC.len()].copy_from_slice(MAGIC);
     let mut offsets = HashMap::new();
     for (v, value) in net.values.iter().enumerate() {
         if let ValueKind::Weight(w) = &value.kind {
-            offsets.insert(v, (payload.len(), w.len()));
+            offsets.insert(v, (bytes.len() - HEADER_LEN, w.len()));
             for x in w {
-                payload.extend_from_slice(&x.to_le_bytes());
+                bytes.extend_from_slice(&x.to_le_bytes());
             }
         }
     }
-    let fingerprint = fingerprint(&payload);
-    let mut bytes = Vec::with_capacity(24 + payload.len());
-    bytes.extend_from_slice(MAGIC);
-    bytes.extend_from_slice(&fingerprint.to_le_bytes());
-    bytes.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-    bytes.extend_from_slice(&payload);
+    let payload_len = bytes.len() - HEADER_LEN;
+    let fingerprint = fingerprint(&bytes[HEADER_LEN..]);
+    bytes[8..16].copy_from_slice(&fingerprint.to_le_bytes());
+    bytes[16..HEADER_LEN].copy_from_slice(&(payload_len as u64).to_le_bytes());
     WeightsFile {
         bytes,
         offsets,
         fingerprint,
-        payload_len: payload.len(),
+        payload_len,
     }
 }
 

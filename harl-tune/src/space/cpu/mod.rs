@@ -1021,7 +1021,7 @@ impl Sketch {
                     let n_axes = stage.axis_extents().len();
                     let ns = stage.n_spatial();
                     if let Some(l) = &copies[s] {
-                        steps.extend(copy_steps(new_index(s) - 1, &self.graph, l));
+                        steps.extend(copy_steps(new_index(s) - 1, &self.graph, s, l));
                     }
                     let tiled = TiledStage {
                         stage: new_index(s),
