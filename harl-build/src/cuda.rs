@@ -85,6 +85,7 @@ pub fn emit(p: &Program) -> Result<CudaModule, CudaError> {
             stage: nest.stage,
             cross_threads: None,
             shared: Vec::new(),
+            forward: None,
         };
         cx.declare_shared(&nest.body)?;
         cx.stmts(&nest.body);
@@ -195,6 +196,8 @@ struct Cx<'a> {
     cross_threads: Option<usize>,
     /// The shared boxes in scope, innermost last: reads of their inputs go to `sh<input>`.
     shared: Vec<SharedBox>,
+    /// In an epilogue's value: the accumulating stage, whose loads are `__v`.
+    forward: Option<usize>,
 }
 
 impl Cx<'_> {
@@ -296,10 +299,36 @@ impl Cx<'_> {
                 self.line(&format!("{at} = {v};"));
             }
             Stmt::AccStore {
+                epilogue: Some(e),
+                index,
+                stage,
+                dest,
+                ..
+            } => {
+                // No combine: the accumulator holds the whole reduction.
+                let i = self.idx(index);
+                let at = format!(
+                    "s{}[{}]",
+                    e.stage,
+                    self.flat(TensorRef::Stage(e.stage), dest)
+                );
+                let ty = c_type(self.p.graph.stages[*stage].dtype).unwrap_or("float");
+                self.forward = Some(*stage);
+                let v = self.value_as(&e.value, self.p.graph.stages[e.stage].dtype);
+                self.forward = None;
+                let guard = if self.cross_threads.is_some() {
+                    "if (threadIdx.x == 0) "
+                } else {
+                    ""
+                };
+                self.line(&format!("{{ {ty} __v = acc[{i}]; {guard}{at} = {v}; }}"));
+            }
+            Stmt::AccStore {
                 index,
                 stage,
                 dest,
                 combine,
+                epilogue: None,
             } => {
                 let i = self.idx(index);
                 let at = format!("s{stage}[{}]", self.flat(TensorRef::Stage(*stage), dest));
@@ -586,6 +615,9 @@ impl Cx<'_> {
     fn load(&mut self, t: TensorRef, idx: &[Expr]) -> (String, Ty) {
         let shape = self.p.graph.shape(t).to_vec();
         let dtype = self.p.graph.dtype(t);
+        if matches!((t, self.forward), (TensorRef::Stage(s), Some(f)) if s == f) {
+            return ("__v".into(), Ty::Val(dtype));
+        }
         if let TensorRef::Input(i) = t {
             let staged = self.shared.iter().rev().find(|b| b.input == i).cloned();
             if let Some(b) = staged {

@@ -905,7 +905,13 @@ fn emit_tiled(
         stage: s,
         at: loops.tags.len() - 1,
     });
-    0
+    // Where the block holds whole reductions, an epilogue attaches at the block's own loop:
+    // lowering then computes it in the write-back, from the registers (`loop_ir::Epilogue`).
+    if split_red {
+        0
+    } else {
+        loops.pos((p.vec_axis, 1))
+    }
 }
 
 /// Elementwise stages and reductions along a strided axis: vectorise the contiguous axis when it

@@ -98,7 +98,9 @@ pub enum Stmt {
         /// The statements that read them.
         body: Vec<Stmt>,
     },
-    /// `stage[dest] = acc[index]` (or combined with the stored value).
+    /// `stage[dest] = acc[index]` (or combined with the stored value); with an
+    /// [`Epilogue`], the consumer's value computed from `acc[index]` is stored instead, and
+    /// `stage` itself is never stored.
     AccStore {
         /// Flat index into the block.
         index: Expr,
@@ -108,7 +110,22 @@ pub enum Stmt {
         dest: Vec<Expr>,
         /// Combine with the stored value (reduce loops outside the block).
         combine: Option<ReduceOp>,
+        /// An elementwise consumer fused into the write-back (`combine` is then `None`).
+        epilogue: Option<Epilogue>,
     },
+}
+
+/// An elementwise consumer computed in a write-back, straight from the accumulator: its
+/// value's loads of the accumulating stage (all at the write-back's `dest`) read
+/// `acc[index]`, and the consumer is stored at `dest`. The accumulating stage then needs no
+/// buffer (a 1x1 convolution's bias and ReLU6 no longer pass its whole output through
+/// memory between two passes).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Epilogue {
+    /// The consumer stage stored.
+    pub stage: usize,
+    /// Its value; `Load(Stage(s), _)` of the accumulating stage `s` is the accumulator.
+    pub value: Expr,
 }
 
 impl Stmt {
@@ -122,7 +139,15 @@ impl Stmt {
             Stmt::Store { index, value, .. } => index.iter().chain([value]).collect(),
             Stmt::AccUpdate { index, value, .. } => vec![index, value],
             Stmt::Shared { boxes, .. } => boxes.iter().flat_map(|b| &b.origin).collect(),
-            Stmt::AccStore { index, dest, .. } => std::iter::once(index).chain(dest).collect(),
+            Stmt::AccStore {
+                index,
+                dest,
+                epilogue,
+                ..
+            } => std::iter::once(index)
+                .chain(dest)
+                .chain(epilogue.as_ref().map(|e| &e.value))
+                .collect(),
         }
     }
 
@@ -135,7 +160,15 @@ impl Stmt {
             Stmt::Store { index, value, .. } => index.iter_mut().chain([value]).collect(),
             Stmt::AccUpdate { index, value, .. } => vec![index, value],
             Stmt::Shared { boxes, .. } => boxes.iter_mut().flat_map(|b| &mut b.origin).collect(),
-            Stmt::AccStore { index, dest, .. } => std::iter::once(index).chain(dest).collect(),
+            Stmt::AccStore {
+                index,
+                dest,
+                epilogue,
+                ..
+            } => std::iter::once(index)
+                .chain(dest)
+                .chain(epilogue.as_mut().map(|e| &mut e.value))
+                .collect(),
         }
     }
 
@@ -230,6 +263,9 @@ pub enum ExecError {
     /// A read of a staged input fell outside its shared-memory box.
     #[error("input {0} was read outside its shared-memory box")]
     OutsideShared(usize),
+    /// A write-back both combines with the stored value and feeds an epilogue.
+    #[error("stage {0}'s write-back combines and feeds an epilogue")]
+    CombinedEpilogue(usize),
 }
 
 /// Runs a program on inputs, returning the output (last stage) buffer.
@@ -254,6 +290,7 @@ pub fn execute(p: &Program, inputs: &[&[f64]]) -> Result<Vec<f64>, ExecError> {
         acc: vec![],
         shared: vec![],
         cur: 0,
+        forward: None,
     };
     for nest in &p.nests {
         m.cur = nest.stage;
@@ -274,6 +311,8 @@ struct Machine<'a> {
     /// Active shared boxes: input, origin, extents.
     shared: Vec<(usize, Vec<i64>, Vec<usize>)>,
     cur: usize,
+    /// In an [`Epilogue`]: the accumulating stage and its value.
+    forward: Option<(usize, f64)>,
 }
 
 impl Machine<'_> {
@@ -340,6 +379,7 @@ impl Machine<'_> {
                     stage,
                     dest,
                     combine,
+                    epilogue,
                 } => {
                     let i = self.int(index)? as usize;
                     let v = *self
@@ -347,6 +387,21 @@ impl Machine<'_> {
                         .last()
                         .and_then(|b| b.get(i))
                         .ok_or(ExecError::OutOfBounds(*stage))?;
+                    if let Some(e) = epilogue {
+                        if combine.is_some() {
+                            return Err(ExecError::CombinedEpilogue(*stage));
+                        }
+                        // The accumulator's value, rounded as a store to the stage would.
+                        self.forward =
+                            Some((*stage, round_to(v, self.p.graph.stages[*stage].dtype)));
+                        let value = self.val(&e.value);
+                        self.forward = None;
+                        let value = value?;
+                        let flat = self.flat(TensorRef::Stage(e.stage), dest)?;
+                        let dtype = self.p.graph.stages[e.stage].dtype;
+                        self.bufs[e.stage][flat] = round_to(value, dtype);
+                        continue;
+                    }
                     let flat = self.flat(TensorRef::Stage(*stage), dest)?;
                     let dtype = self.p.graph.stages[*stage].dtype;
                     let slot = &mut self.bufs[*stage][flat];
@@ -397,6 +452,9 @@ impl Machine<'_> {
         Ok(match e {
             Expr::Const(v, _) => *v,
             Expr::Axis(v) => self.vars[*v] as f64,
+            Expr::Load(TensorRef::Stage(s), _) if self.forward.is_some_and(|(f, _)| f == *s) => {
+                self.forward.map_or(0.0, |(_, v)| v)
+            }
             Expr::Load(t, idx) => {
                 if let TensorRef::Input(i) = t {
                     self.check_shared(*i, idx)?;

@@ -183,6 +183,9 @@ struct Lowering {
     shared_bytes: usize,
     /// Stages the schedule has added so far (rfactor, cache_read).
     added: usize,
+    /// Per stage: the epilogue computed in its write-back, straight from its accumulator
+    /// ([`Lowering::forwarded_epilogue`]); the stage then has no buffer.
+    forward: Vec<Option<usize>>,
 }
 
 /// Nodes of an expression tree.
@@ -232,6 +235,7 @@ pub fn lower(graph: &Graph, schedule: &Schedule) -> Result<Program, ScheduleErro
         thread_vars: vec![],
         shared_bytes: 0,
         added: 0,
+        forward: vec![],
     };
     for (index, step) in schedule.steps.iter().enumerate() {
         lw.apply(index, step).map_err(|why| ScheduleError::Step {
@@ -1082,7 +1086,45 @@ impl Lowering {
         self.var_extents.len() - 1
     }
 
+    /// The consumer of stage `s` that its write-back can compute directly from the
+    /// accumulator: attached (`compute_at`) at the accumulator's own loop, where the block
+    /// holds whole reductions (no reduce loop outside it), on the CPU, and the only reader
+    /// of `s` (every read at `s`'s own index, which `check_attachments` ensured).
+    fn forwarded_epilogue(&self, s: usize) -> Option<usize> {
+        let st = &self.stages[s];
+        let pos = st.cache_write?;
+        if st.attach != Attach::Root || st.reduces_outside(pos) {
+            return None;
+        }
+        let cpu = st.loops.iter().all(|l| {
+            matches!(
+                l.kind,
+                LoopKind::Serial | LoopKind::Parallel | LoopKind::Vectorized | LoopKind::Unrolled
+            )
+        });
+        let [c] = self.attached.get(&(s, pos))?.as_slice() else {
+            return None;
+        };
+        if !cpu || !matches!(self.stages[*c].attach, Attach::At { .. }) {
+            return None;
+        }
+        let reads_s = |x: usize| {
+            let mut found = false;
+            self.graph.stages[x].body.visit(&mut |e| {
+                found |= matches!(e, Expr::Load(TensorRef::Stage(t), _) if *t == s);
+            });
+            found
+        };
+        let others = (0..self.graph.stages.len())
+            .filter(|&x| x != *c && self.stages[x].attach != Attach::Inline)
+            .any(reads_s);
+        (!others).then_some(*c)
+    }
+
     fn emit(mut self) -> Result<Program, (usize, String)> {
+        self.forward = (0..self.graph.stages.len())
+            .map(|s| self.forwarded_epilogue(s))
+            .collect();
         let mut nests = Vec::new();
         for s in 0..self.graph.stages.len() {
             if self.stages[s].attach != Attach::Root {
@@ -1111,7 +1153,8 @@ impl Lowering {
         let buffers = self
             .stages
             .iter()
-            .map(|st| st.attach != Attach::Inline)
+            .zip(&self.forward)
+            .map(|(st, f)| st.attach != Attach::Inline && f.is_none())
             .collect();
         let mut program = Program {
             workload_key: String::new(),
@@ -1157,7 +1200,8 @@ impl Lowering {
             inner = self.wrap_acc(s, pos, env, inner);
         }
         if let Some(consumers) = self.attached.get(&(s, pos)).cloned() {
-            for c in consumers {
+            let forwarded = self.forward.get(s).copied().flatten();
+            for c in consumers.into_iter().filter(|&c| Some(c) != forwarded) {
                 if matches!(self.stages[c].attach, Attach::Within { .. }) {
                     inner.extend(self.emit_within(s, pos, c, env)?);
                 } else {
@@ -1348,15 +1392,22 @@ impl Lowering {
             init: op.identity(stage.dtype),
         }];
         out.extend(inner);
+        let forwarded = self.forward.get(s).copied().flatten();
         out.extend(
             self.emit_tile_loops(s, pos, env, &mut Vec::new(), &mut |lw, env, tile| {
                 let axes = lw.axis_values(s, env);
                 let n = lw.graph.stages[s].n_spatial();
+                let dest = axes[..n].to_vec();
+                let epilogue = forwarded.map(|c| crate::loop_ir::Epilogue {
+                    stage: c,
+                    value: substitute_axes(&lw.graph.stages[c].body, &dest),
+                });
                 Stmt::AccStore {
                     index: tile_index(tile),
                     stage: s,
-                    dest: axes[..n].to_vec(),
+                    dest,
                     combine,
+                    epilogue,
                 }
             }),
         );

@@ -171,9 +171,17 @@ fn collect_tests(s: &Stmt, out: &mut Vec<Expr>) {
             from_expr(index, out);
             from_expr(value, out);
         }
-        Stmt::AccStore { index, dest, .. } => {
+        Stmt::AccStore {
+            index,
+            dest,
+            epilogue,
+            ..
+        } => {
             from_expr(index, out);
             dest.iter().for_each(|e| from_expr(e, out));
+            if let Some(e) = epilogue {
+                from_expr(&e.value, out);
+            }
         }
         Stmt::Shared { body, .. } => body.iter().for_each(|b| collect_tests(b, out)),
         Stmt::AccDecl { .. } => {}
@@ -336,11 +344,16 @@ fn copy_stmts(body: &[Stmt], map: &mut Vec<(usize, Expr)>, vars: &mut Vec<usize>
                 stage,
                 dest,
                 combine,
+                epilogue,
             } => Stmt::AccStore {
                 index: subst(index, map),
                 stage: *stage,
                 dest: dest.iter().map(|e| subst(e, map)).collect(),
                 combine: *combine,
+                epilogue: epilogue.as_ref().map(|e| crate::loop_ir::Epilogue {
+                    stage: e.stage,
+                    value: subst(&e.value, map),
+                }),
             },
         });
     }

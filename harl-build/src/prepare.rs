@@ -85,7 +85,10 @@ impl Split {
 fn walk(stmts: &[Stmt], writes: &mut Vec<usize>, reads: &mut Vec<TensorRef>) {
     for s in stmts {
         match s {
-            Stmt::Store { stage, .. } | Stmt::AccStore { stage, .. } => writes.push(*stage),
+            Stmt::Store { stage, .. } => writes.push(*stage),
+            Stmt::AccStore {
+                stage, epilogue, ..
+            } => writes.push(epilogue.as_ref().map_or(*stage, |e| e.stage)),
             Stmt::Shared { boxes, .. } => {
                 reads.extend(boxes.iter().map(|b| TensorRef::Input(b.input)));
             }

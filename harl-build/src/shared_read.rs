@@ -56,9 +56,17 @@ fn visit_exprs(stmts: &[Stmt], f: &mut dyn FnMut(&Expr)) {
                 f(index);
                 f(value);
             }
-            Stmt::AccStore { index, dest, .. } => {
+            Stmt::AccStore {
+                index,
+                dest,
+                epilogue,
+                ..
+            } => {
                 f(index);
                 dest.iter().for_each(&mut *f);
+                if let Some(e) = epilogue {
+                    f(&e.value);
+                }
             }
             Stmt::AccDecl { .. } => {}
         }

@@ -594,3 +594,103 @@ fn a_final_reduction_within_its_partials_rows_with_an_epilogue() {
     };
     check(&g, &inside, 3);
 }
+
+/// Whether some write-back in `stmts` computes an epilogue from its accumulator.
+fn has_forwarded_epilogue(stmts: &[harl_build::loop_ir::Stmt]) -> bool {
+    stmts.iter().any(|s| {
+        matches!(
+            s,
+            harl_build::loop_ir::Stmt::AccStore {
+                epilogue: Some(_),
+                ..
+            }
+        ) || has_forwarded_epilogue(s.body())
+    })
+}
+
+#[test]
+fn an_epilogue_at_the_accumulator_is_computed_in_its_write_back() {
+    // bias + ReLU attached at the accumulator's own loop: the write-back stores the ReLU
+    // straight from the block, and the matmul has no buffer.
+    let g = matmul(6, 10, 8, true);
+    let at_block = |at: usize| Schedule {
+        steps: vec![
+            Step::Split {
+                stage: 0,
+                at: 1,
+                factors: vec![4],
+            },
+            Step::Reorder {
+                stage: 0,
+                order: vec![0, 1, 3, 2],
+            },
+            Step::CacheWrite { stage: 0, at: 1 },
+            Step::ComputeAt {
+                stage: 1,
+                target: 0,
+                at,
+            },
+        ],
+    };
+    let fused = at_block(1);
+    let p = lower(&g, &fused).expect("legal");
+    assert!(!p.has_buffer[0], "the matmul is never stored");
+    assert!(p.nests.iter().any(|n| has_forwarded_epilogue(&n.body)));
+    check(&g, &fused, 5);
+    // Attached outside the block, it reads the stored matmul as before.
+    let outside = at_block(0);
+    let p = lower(&g, &outside).expect("legal");
+    assert!(p.has_buffer[0]);
+    assert!(!p.nests.iter().any(|n| has_forwarded_epilogue(&n.body)));
+    check(&g, &outside, 5);
+    // The default schedule of a whole reduction per block does the same.
+    let s = default_schedule(&g, &CpuTarget::host());
+    let p = lower(&g, &s).expect("legal");
+    assert!(!p.has_buffer[0], "{:?}", s.steps);
+    check(&g, &s, 6);
+}
+
+#[test]
+fn an_epilogue_whose_producer_has_another_reader_reads_it_from_memory() {
+    // mm is read by the attached ReLU and by a later stage: it keeps its buffer.
+    let mut b = harl_te::GraphBuilder::new();
+    let a = b.input("a", &[4, 6], harl_te::DType::F32);
+    let w = b.input("w", &[6, 8], harl_te::DType::F32);
+    let ax = harl_te::Expr::axis;
+    let body = harl_te::load(a, [ax(0), ax(2)]) * harl_te::load(w, [ax(2), ax(1)]);
+    let mm = b.reduce(
+        "mm",
+        &[4, 8],
+        harl_te::DType::F32,
+        harl_te::ReduceOp::Sum,
+        &[6],
+        body,
+    );
+    let relu = b.compute(
+        "relu",
+        &[4, 8],
+        harl_te::DType::F32,
+        harl_te::load(mm, [ax(0), ax(1)]).max(harl_te::Expr::f32(0.0)),
+    );
+    b.compute(
+        "sum",
+        &[4, 8],
+        harl_te::DType::F32,
+        harl_te::load(relu, [ax(0), ax(1)]) + harl_te::load(mm, [ax(0), ax(1)]),
+    );
+    let g = b.finish().expect("valid graph");
+    let s = Schedule {
+        steps: vec![
+            Step::CacheWrite { stage: 0, at: 0 },
+            Step::ComputeAt {
+                stage: 1,
+                target: 0,
+                at: 0,
+            },
+        ],
+    };
+    let p = lower(&g, &s).expect("legal");
+    assert!(p.has_buffer[0]);
+    assert!(!p.nests.iter().any(|n| has_forwarded_epilogue(&n.body)));
+    check(&g, &s, 7);
+}

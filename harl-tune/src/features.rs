@@ -541,6 +541,7 @@ impl<'a> Walker<'a> {
                     stage,
                     dest,
                     combine,
+                    epilogue,
                 } => {
                     let mut ops = Ops::default();
                     ops.count(&self.p.graph, index);
@@ -548,11 +549,22 @@ impl<'a> Walker<'a> {
                     if combine.is_some() {
                         ops.fadd += 1.0;
                     }
-                    let out = TensorRef::Stage(*stage);
-                    let acc = vec![
-                        self.acc_access(index, false),
-                        self.tensor_access(out, dest, combine.is_some(), true),
-                    ];
+                    let mut acc = vec![self.acc_access(index, false)];
+                    let out = match epilogue {
+                        // The consumer's work and reads join the write-back's; the producer
+                        // is read from the accumulator, not memory.
+                        Some(e) => {
+                            ops.count(&self.p.graph, &e.value);
+                            acc.extend(
+                                self.loads(&e.value)
+                                    .into_iter()
+                                    .filter(|a| a.buf != BufKey::Stage(*stage)),
+                            );
+                            TensorRef::Stage(e.stage)
+                        }
+                        None => TensorRef::Stage(*stage),
+                    };
+                    acc.push(self.tensor_access(out, dest, combine.is_some(), true));
                     self.leaf(LeafKind::AccStore, ops, acc);
                 }
             }

@@ -179,6 +179,7 @@ fn emit_nest(
         stage: nest.stage,
         unroll_bytes,
         variant: var,
+        forward: None,
     };
     match nest.body.as_slice() {
         [Stmt::For {
@@ -588,6 +589,8 @@ struct Cx<'a> {
     unroll_bytes: usize,
     /// The ISA variant emitted (its explicit vector widths).
     variant: Variant,
+    /// In an epilogue's value: the accumulating stage, whose loads are `__v`.
+    forward: Option<usize>,
 }
 
 impl Cx<'_> {
@@ -710,10 +713,31 @@ impl Cx<'_> {
                 ));
             }
             Stmt::AccStore {
+                epilogue: Some(e),
+                index,
+                stage,
+                dest,
+                ..
+            } => {
+                let i = self.idx(index);
+                let ptr = format!(
+                    "b.s{}.0.add({})",
+                    e.stage,
+                    self.flat(TensorRef::Stage(e.stage), dest)
+                );
+                self.forward = Some(*stage);
+                let v = self.value_as(&e.value, self.p.graph.stages[e.stage].dtype);
+                self.forward = None;
+                self.line(&format!(
+                    "{{ let __v = *acc.get_unchecked(({i}) as usize); let __p = {ptr}; *__p = {v}; }}"
+                ));
+            }
+            Stmt::AccStore {
                 index,
                 stage,
                 dest,
                 combine,
+                epilogue: None,
             } => {
                 let i = self.idx(index);
                 let ptr = format!(
@@ -859,6 +883,9 @@ impl Cx<'_> {
     fn load(&mut self, t: TensorRef, idx: &[Expr]) -> (String, Ty) {
         let shape = self.p.graph.shape(t).to_vec();
         let dtype = self.p.graph.dtype(t);
+        if matches!((t, self.forward), (TensorRef::Stage(s), Some(f)) if s == f) {
+            return ("__v".into(), Ty::Val(dtype));
+        }
         let base = base_ptr(t);
         let provable = in_bounds(idx, &shape, &self.p.var_extents);
         if provable {

@@ -286,10 +286,34 @@ impl Cx<'_> {
                 Some(format!("{{ let __p = {ptr}; {} }}", w.store("__p", &new)))
             }
             Stmt::AccStore {
+                epilogue: Some(e),
+                index,
+                stage,
+                dest,
+                ..
+            } => {
+                if self.p.graph.stages[self.stage].dtype != DType::F32
+                    || coefficient(index, var)? != 1
+                {
+                    return None;
+                }
+                let ptr = self.vector_ptr(TensorRef::Stage(e.stage), dest, var)?;
+                let i = self.idx(index);
+                let a = w.load(&format!("acc.as_ptr().add(({i}) as usize)"));
+                self.forward = Some(*stage);
+                let v = self.vector_expr(w, var, &e.value);
+                self.forward = None;
+                Some(format!(
+                    "{{ let __v = {a}; let __p = {ptr}; {} }}",
+                    w.store("__p", &v?)
+                ))
+            }
+            Stmt::AccStore {
                 index,
                 stage,
                 dest,
                 combine,
+                epilogue: None,
             } => {
                 if self.p.graph.stages[self.stage].dtype != DType::F32
                     || coefficient(index, var)? != 1
@@ -338,6 +362,11 @@ impl Cx<'_> {
 
     /// A vector of the `f32` values of `e` at the chunk's lanes.
     fn vector_expr(&mut self, w: Width, var: usize, e: &Expr) -> Option<String> {
+        if let Expr::Load(TensorRef::Stage(s), _) = e {
+            if self.forward == Some(*s) {
+                return Some("__v".into());
+            }
+        }
         if !uses_var(e, var) {
             // The same in every lane: the scalar code, once.
             let (s, ty) = self.expr(e);
