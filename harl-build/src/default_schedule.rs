@@ -142,11 +142,33 @@ fn plan(
     let mut inserts: Vec<(usize, Insert)> = Vec::new();
     // Row chains (softmax, layer norm): each member scheduled for its rows' loop, computed
     // within the first member's (`rows`), attached once the inserts' indices are known.
-    let chains = if options.rows {
+    let mut chains = if options.rows {
         row_chains(graph, &inlined)
     } else {
         Vec::new()
     };
+    // A chain that ends in a plane reduction's elementwise epilogue (a depthwise
+    // convolution's bias and ReLU6) computes it in the reduction's write-back instead of as a
+    // pass of its own over each plane.
+    let mut chain_epilogues = Vec::new();
+    for chain in &mut chains {
+        if let [.., r, m] = chain.members[..] {
+            let rs = &graph.stages[r];
+            if rs.reduce.is_some()
+                && rs.n_spatial() > chain.k
+                && graph.stages[m].reduce.is_none()
+                && fusable_epilogue(graph, r, m, &reads(m), &inlined)
+            {
+                chain.members.pop();
+                attached[m] = true;
+                chain_epilogues.push(Step::ComputeAt {
+                    stage: m,
+                    target: r,
+                    at: plane_block_loop(rs.n_spatial(), chain.k),
+                });
+            }
+        }
+    }
     let mut row_of: Vec<Option<RowRole>> = vec![None; graph.stages.len()];
     for chain in &chains {
         for (i, &m) in chain.members.iter().enumerate() {
@@ -180,6 +202,7 @@ fn plan(
             }
         }
     }
+    steps.extend(chain_epilogues);
     for s in 0..graph.stages.len() {
         if inlined[s] || attached[s] {
             continue;
@@ -244,7 +267,9 @@ fn plan(
         match tiled {
             // A tile in a layout keeps its consumers apart: fused, they would walk the output
             // across its rows (a filter-major tile), and ran 1.5-2x slower than a pass of their
-            // own over the whole output (`harl-bench probe --workload resnet_s1_1x1_64`).
+            // own over the whole output (`harl-bench probe --workload resnet_s1_1x1_64`); even
+            // computed in the write-back (scalar stores, the tile's vectors run across the
+            // output's rows) they were 2-13% slower than their own pass (AVX-512, 2026-12-04).
             Some(_) if in_layout => {}
             Some(epilogue_at) => {
                 // Fuse one elementwise consumer that reads this stage where it was written.
@@ -382,7 +407,7 @@ fn emit_plane_reduction(steps: &mut Vec<Step>, graph: &Graph, s: usize, k: usize
     steps.push(Step::Reorder { stage: s, order });
     steps.push(Step::CacheWrite {
         stage: s,
-        at: (ns - 1).max(k) - 1,
+        at: plane_block_loop(ns, k),
     });
     if stage.shape[ns - 1] >= 4 {
         steps.push(Step::Vectorize {
@@ -390,6 +415,12 @@ fn emit_plane_reduction(steps: &mut Vec<Step>, graph: &Graph, s: usize, k: usize
             at: n_axes - 1,
         });
     }
+}
+
+/// The loop of a plane reduction ([`emit_plane_reduction`]; `ns` spatial axes, rows of `k`)
+/// that holds its accumulator block: the last spatial loop outside the vector axis.
+fn plane_block_loop(ns: usize, k: usize) -> usize {
+    (ns - 1).max(k) - 1
 }
 
 /// Where a stage sits in a row chain.

@@ -1093,7 +1093,8 @@ impl Lowering {
     fn forwarded_epilogue(&self, s: usize) -> Option<usize> {
         let st = &self.stages[s];
         let pos = st.cache_write?;
-        if st.attach != Attach::Root || st.reduces_outside(pos) {
+        let placed = matches!(st.attach, Attach::Root | Attach::Within { .. });
+        if !placed || st.reduces_outside(pos) {
             return None;
         }
         let cpu = st.loops.iter().all(|l| {

@@ -68,6 +68,9 @@ fn cases() -> Vec<Case> {
         w::conv2d(1, 3, 10, 10, 8, 1, 1, 2, 0, 1, 1).expect("small 1x1 conv, stride 2"),
         // A GEMV with its weight in four panels read side by side (`thin_streams`).
         weights(w::dense_bias_relu(1, 24, 128).expect("gemv"), &[1, 2]),
+        // Bias and ReLU6 computed in the depthwise convolution's write-back, within its
+        // padding's rows (`loop_ir::Epilogue`).
+        depthwise_bias_relu6(3, 21, 1),
     ];
     let mut out = Vec::new();
     for (gi, g) in graphs.iter().enumerate() {

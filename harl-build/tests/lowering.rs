@@ -694,3 +694,22 @@ fn an_epilogue_whose_producer_has_another_reader_reads_it_from_memory() {
     assert!(!p.nests.iter().any(|n| has_forwarded_epilogue(&n.body)));
     check(&g, &s, 7);
 }
+
+#[test]
+fn a_depthwise_convolutions_bias_and_relu6_are_computed_in_its_write_back() {
+    // The padding starts a row chain per channel; the convolution's epilogue is computed
+    // from its accumulator rather than in a pass of its own, for either stride.
+    for stride in [1, 2] {
+        let g = depthwise_bias_relu6(4, 18, stride);
+        for target in [CpuTarget::host(), CpuTarget::portable()] {
+            let s = default_schedule(&g, &target);
+            let p = lower(&g, &s).expect("legal");
+            assert!(
+                p.nests.iter().any(|n| has_forwarded_epilogue(&n.body)),
+                "stride {stride}: {:?}",
+                s.steps
+            );
+            check(&g, &s, 12);
+        }
+    }
+}

@@ -209,3 +209,29 @@ pub fn i32_matvec(rows: usize, cols: usize) -> Graph {
     b.reduce("mv", &[rows], DType::I32, ReduceOp::Sum, &[cols], body);
     b.finish().expect("valid i32 graph")
 }
+
+/// A depthwise 3x3 convolution (padding 1) of `c` channels of `hw` x `hw`, with a bias and
+/// ReLU6 (MobileNet-V2's), its filter and bias weights.
+pub fn depthwise_bias_relu6(c: usize, hw: usize, stride: usize) -> Graph {
+    use harl_te::ops::{self, Conv2dParams};
+    let mut b = GraphBuilder::new();
+    let x = b.input("x", &[1, c, hw, hw], DType::F32);
+    let w = b.weight("w", &[c, 1, 3, 3], DType::F32);
+    let bias = b.weight("bias", &[c, 1, 1], DType::F32);
+    let p = Conv2dParams {
+        stride: (stride, stride),
+        pad: (1, 1),
+        dilation: (1, 1),
+        groups: c,
+    };
+    let y = ops::conv2d(&mut b, x, w, p).expect("conv");
+    let y = ops::add(&mut b, y, bias).expect("bias");
+    ops::unary(
+        &mut b,
+        y,
+        |e| e.max(Expr::f32(0.0)).min(Expr::f32(6.0)),
+        "relu6",
+    )
+    .expect("relu6");
+    b.finish().expect("valid graph")
+}
