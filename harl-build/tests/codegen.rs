@@ -69,8 +69,9 @@ fn cases() -> Vec<Case> {
         // A GEMV with its weight in four panels read side by side (`thin_streams`).
         weights(w::dense_bias_relu(1, 24, 128).expect("gemv"), &[1, 2]),
         // Bias and ReLU6 computed in the depthwise convolution's write-back, within its
-        // padding's rows (`loop_ir::Epilogue`).
-        depthwise_bias_relu6(3, 21, 1),
+        // padding's rows (`loop_ir::Epilogue`), the padded planes one at a time per thread
+        // (`Program::fold`).
+        depthwise_bias_relu6(8, 32, 1),
     ];
     let mut out = Vec::new();
     for (gi, g) in graphs.iter().enumerate() {

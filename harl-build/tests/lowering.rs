@@ -700,7 +700,7 @@ fn a_depthwise_convolutions_bias_and_relu6_are_computed_in_its_write_back() {
     // The padding starts a row chain per channel; the convolution's epilogue is computed
     // from its accumulator rather than in a pass of its own, for either stride.
     for stride in [1, 2] {
-        let g = depthwise_bias_relu6(4, 18, stride);
+        let g = depthwise_bias_relu6(8, 32, stride);
         for target in [CpuTarget::host(), CpuTarget::portable()] {
             let s = default_schedule(&g, &target);
             let p = lower(&g, &s).expect("legal");
@@ -709,6 +709,12 @@ fn a_depthwise_convolutions_bias_and_relu6_are_computed_in_its_write_back() {
                 "stride {stride}: {:?}",
                 s.steps
             );
+            // The padded tensor is kept one channel's plane at a time.
+            let pad = (0..p.graph.stages.len())
+                .find(|&s| p.has_buffer[s] && p.graph.stages[s].shape == [1, 8, 34, 34])
+                .expect("a padding stage");
+            assert_eq!(p.fold[pad], 2, "{:?} {:?}", p.fold, s.steps);
+            assert_eq!(p.buffer_len(pad), 34 * 34);
             check(&g, &s, 12);
         }
     }

@@ -194,18 +194,53 @@ fn emit_nest(
         stmts => cx.stmts(stmts),
     }
     let body = cx.out;
+    // The folded buffers this nest writes: one slice each, per thread, kept between calls.
+    let mut folded = Vec::new();
+    stores_into(&nest.body, &mut |s| {
+        if p.has_buffer[s] && p.fold[s] > 0 && !folded.contains(&s) {
+            folded.push(s);
+        }
+    });
+    let (mut take, mut keep) = (String::new(), String::new());
+    for &s in &folded {
+        let ty = p.graph.stages[s].dtype.rust_name();
+        let _ = writeln!(
+            take,
+            "    ::std::thread_local! {{ static __HARL_F{s}: ::core::cell::Cell<::std::vec::Vec<{ty}>> = const {{ ::core::cell::Cell::new(::std::vec::Vec::new()) }}; }}\n    let mut __harl_f{s} = ::harl::runtime::scratch_take(&__HARL_F{s}, {n}, None);\n    let b = Bufs {{ s{s}: ::harl::runtime::SyncPtr(__harl_f{s}.as_mut_ptr()), ..b }};",
+            n = p.buffer_len(s)
+        );
+        let _ = writeln!(
+            keep,
+            "    ::harl::runtime::scratch_keep(&__HARL_F{s}, __harl_f{s});"
+        );
+    }
     let _ = write!(
         out,
         "{}unsafe fn nest{n}(b: Bufs, v0: usize) {{
     let _ = v0;
-    // SAFETY: lowering proved every unchecked index in bounds for the buffer lengths that `run`
-    // checked, and parallel iterations write disjoint elements.
+{take}    // SAFETY: lowering proved every unchecked index in bounds for the buffer lengths that `run`
+    // checked (a folded buffer: one slice of its stage), and parallel iterations write
+    // disjoint elements (each its own slices of folded buffers).
     unsafe {{
 {body}    }}
-}}
+{keep}}}
 ",
         var.target_feature()
     );
+}
+
+/// Calls `f` with each stage `stmts` store into.
+fn stores_into(stmts: &[Stmt], f: &mut dyn FnMut(usize)) {
+    for s in stmts {
+        match s {
+            Stmt::Store { stage, .. } => f(*stage),
+            Stmt::AccStore {
+                stage, epilogue, ..
+            } => f(epilogue.as_ref().map_or(*stage, |e| e.stage)),
+            _ => {}
+        }
+        stores_into(s.body(), f);
+    }
 }
 
 /// An entry point of a variant: which nests it runs and where its buffers come from.
@@ -333,9 +368,10 @@ fn emit_entry(out: &mut String, p: &Program, meta: &KernelMeta, entry: Entry<'_>
         out,
         "#[allow(clippy::too_many_arguments)]\npub(super) unsafe fn {header} {{"
     );
-    // Buffers are filled before any nest runs: each is written only by its own nest.
+    // Buffers are filled before any nest runs: each is written only by its own nest. A
+    // folded one is the nest's own (`emit_nest`).
     for (s, st) in g.stages.iter().enumerate() {
-        if !p.has_buffer[s] {
+        if !p.has_buffer[s] || p.fold[s] > 0 {
             continue;
         }
         let fill = p
@@ -387,6 +423,7 @@ fn emit_entry(out: &mut String, p: &Program, meta: &KernelMeta, entry: Entry<'_>
             continue;
         }
         let ptr = match entry.stage_slot(s, last) {
+            _ if p.fold[s] > 0 => "::core::ptr::null_mut()".into(),
             Slot::Output => format!("{}.as_mut_ptr()", meta.output),
             Slot::Scratch | Slot::Owned => format!("__harl_s{s}.as_mut_ptr()"),
             Slot::Kept => format!("__harl_p.k{s}.as_ptr() as *mut {}", st.dtype.rust_name()),
@@ -419,7 +456,7 @@ fn emit_entry(out: &mut String, p: &Program, meta: &KernelMeta, entry: Entry<'_>
         }
     }
     for s in 0..g.stages.len() {
-        if p.has_buffer[s] && matches!(entry.stage_slot(s, last), Slot::Scratch) {
+        if p.has_buffer[s] && p.fold[s] == 0 && matches!(entry.stage_slot(s, last), Slot::Scratch) {
             let _ = writeln!(
                 out,
                 "    ::harl::runtime::scratch_keep(&__HARL_S{s}, __harl_s{s});"
@@ -772,7 +809,11 @@ impl Cx<'_> {
 
     /// Row-major flat offset of `index` into tensor `t`, as a usize expression.
     fn flat(&mut self, t: TensorRef, index: &[Expr]) -> String {
-        let shape = self.p.graph.shape(t).to_vec();
+        let p = self.p;
+        let (index, shape) = p.view(t, index);
+        if index.is_empty() {
+            return "0usize".into();
+        }
         let mut terms = Vec::new();
         let mut stride = 1usize;
         for (d, e) in index.iter().enumerate().rev() {
@@ -899,12 +940,17 @@ impl Cx<'_> {
             .zip(&shape)
             .map(|(n, d)| format!("{n} >= 0 && {n} < {d}"))
             .collect();
+        // A folded buffer is addressed by the trailing indices only.
+        let dropped = idx.len() - self.p.view(t, idx).0.len();
         let flat: Vec<String> = {
             let mut stride = 1usize;
             let mut v = Vec::new();
-            for (d, n) in names.iter().enumerate().rev() {
+            for (d, n) in names.iter().enumerate().skip(dropped).rev() {
                 v.push(format!("{n} * {stride}"));
                 stride *= shape[d];
+            }
+            if v.is_empty() {
+                v.push("0".into());
             }
             v
         };

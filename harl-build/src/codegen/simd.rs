@@ -351,6 +351,7 @@ impl Cx<'_> {
         if g.dtype(t) != DType::F32 || !in_bounds(index, shape, &self.p.var_extents) {
             return None;
         }
+        let (index, shape) = self.p.view(t, index);
         let mut total = 0i64;
         let mut stride = 1i64;
         for (e, &n) in index.iter().zip(shape).rev() {
