@@ -1164,12 +1164,19 @@ impl Lowering {
                 if m + 1 == n || !buffers[m] || filled(m) || slice_bytes < MIN_FOLD_BYTES {
                     continue;
                 }
+                // Within members read chain stages at their own leading indices
+                // (`check_within`); a consumer attached to a member must too.
                 let outside = (0..n).any(|x| {
-                    let mut reads = false;
+                    let (mut reads, mut own) = (false, true);
                     self.graph.stages[x].body.visit(&mut |e| {
-                        reads |= matches!(e, Expr::Load(TensorRef::Stage(r), _) if *r == m);
+                        if let Expr::Load(TensorRef::Stage(r), idx) = e {
+                            if *r == m {
+                                reads = true;
+                                own &= idx.len() >= k && (0..k).all(|i| idx[i] == Expr::Axis(i));
+                            }
+                        }
                     });
-                    reads && (self.stages[x].attach == Attach::Inline || !in_chain(x))
+                    reads && (self.stages[x].attach == Attach::Inline || !in_chain(x) || !own)
                 });
                 if !outside {
                     fold[m] = k;
