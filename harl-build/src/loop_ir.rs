@@ -32,6 +32,16 @@ pub enum LoopKind {
     GpuThreadReduce,
 }
 
+impl LoopKind {
+    /// Whether the loop is bound to GPU blocks or threads (serial on the CPU).
+    pub fn is_gpu(self) -> bool {
+        matches!(
+            self,
+            LoopKind::GpuBlock | LoopKind::GpuThread | LoopKind::GpuThreadReduce
+        )
+    }
+}
+
 /// A statement.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Stmt {
@@ -169,6 +179,18 @@ impl Stmt {
                 .chain(dest)
                 .chain(epilogue.as_mut().map(|e| &mut e.value))
                 .collect(),
+        }
+    }
+
+    /// The stage this statement stores into, if it stores: a write-back with an
+    /// [`Epilogue`] stores its consumer.
+    pub fn stored_stage(&self) -> Option<usize> {
+        match self {
+            Stmt::Store { stage, .. } => Some(*stage),
+            Stmt::AccStore {
+                stage, epilogue, ..
+            } => Some(epilogue.as_ref().map_or(*stage, |e| e.stage)),
+            _ => None,
         }
     }
 

@@ -193,6 +193,19 @@ struct Lowering {
     forward: Vec<Option<usize>>,
 }
 
+/// The indices at which `body` reads stage `s`.
+fn stage_reads(body: &Expr, s: usize) -> Vec<Vec<Expr>> {
+    let mut out = Vec::new();
+    body.visit(&mut |e| {
+        if let Expr::Load(TensorRef::Stage(t), idx) = e {
+            if *t == s {
+                out.push(idx.clone());
+            }
+        }
+    });
+    out
+}
+
 /// Nodes of an expression tree.
 fn node_count(e: &Expr) -> usize {
     let mut n = 0usize;
@@ -995,13 +1008,7 @@ impl Lowering {
         let tst = &self.stages[target];
         let st = &self.stages[c];
         let (cs, ts) = (&self.graph.stages[c], &self.graph.stages[target]);
-        let gpu = |l: &LoopState| {
-            !matches!(
-                l.kind,
-                LoopKind::Serial | LoopKind::Parallel | LoopKind::Vectorized | LoopKind::Unrolled
-            )
-        };
-        if tst.loops.iter().any(gpu) || !tst.shared.is_empty() {
+        if tst.loops.iter().any(|l| l.kind.is_gpu()) || !tst.shared.is_empty() {
             return Err("compute_within is for CPU nests".into());
         }
         if tst.cache_write.is_some_and(|p| at > p) {
@@ -1035,7 +1042,7 @@ impl Lowering {
         }
         if st.loops[k..]
             .iter()
-            .any(|l| l.kind == LoopKind::Parallel || gpu(l))
+            .any(|l| l.kind == LoopKind::Parallel || l.kind.is_gpu())
             || !st.shared.is_empty()
         {
             return Err(format!(
@@ -1102,35 +1109,25 @@ impl Lowering {
         if !placed || st.reduces_outside(pos) {
             return None;
         }
-        let cpu = st.loops.iter().all(|l| {
-            matches!(
-                l.kind,
-                LoopKind::Serial | LoopKind::Parallel | LoopKind::Vectorized | LoopKind::Unrolled
-            )
-        });
         let [c] = self.attached.get(&(s, pos))?.as_slice() else {
             return None;
         };
-        if !cpu || !matches!(self.stages[*c].attach, Attach::At { .. }) {
+        if st.loops.iter().any(|l| l.kind.is_gpu())
+            || !matches!(self.stages[*c].attach, Attach::At { .. })
+        {
             return None;
         }
-        let reads_s = |x: usize| {
-            let mut found = false;
-            self.graph.stages[x].body.visit(&mut |e| {
-                found |= matches!(e, Expr::Load(TensorRef::Stage(t), _) if *t == s);
-            });
-            found
-        };
         let others = (0..self.graph.stages.len())
             .filter(|&x| x != *c && self.stages[x].attach != Attach::Inline)
-            .any(reads_s);
+            .any(|x| !stage_reads(&self.graph.stages[x].body, s).is_empty());
         (!others).then_some(*c)
     }
 
-    /// [`Program::fold`]: the stages of each row chain (slices of [`MIN_FOLD_BYTES`] or more) (a root stage and the stages computed
-    /// within its loop 0) that only the chain reads, each with the chain's leading axes. A
-    /// consumer attached to a chain stage counts as the chain. The output, a stage without a
-    /// buffer, and a buffer its nest pre-fills keep their whole buffers.
+    /// [`Program::fold`]: the stages of each row chain (a root stage and the stages computed
+    /// within its loop 0) that only the chain reads, each with the chain's leading axes, when
+    /// a slice is [`MIN_FOLD_BYTES`] or more. A consumer attached to a chain stage counts as
+    /// the chain. The output, a stage without a buffer, and a buffer its nest pre-fills keep
+    /// their whole buffers.
     fn folds(&self, buffers: &[bool], nests: &[Nest]) -> Vec<usize> {
         let n = self.graph.stages.len();
         let mut fold = vec![0; n];
@@ -1167,16 +1164,12 @@ impl Lowering {
                 // Within members read chain stages at their own leading indices
                 // (`check_within`); a consumer attached to a member must too.
                 let outside = (0..n).any(|x| {
-                    let (mut reads, mut own) = (false, true);
-                    self.graph.stages[x].body.visit(&mut |e| {
-                        if let Expr::Load(TensorRef::Stage(r), idx) = e {
-                            if *r == m {
-                                reads = true;
-                                own &= idx.len() >= k && (0..k).all(|i| idx[i] == Expr::Axis(i));
-                            }
-                        }
-                    });
-                    reads && (self.stages[x].attach == Attach::Inline || !in_chain(x) || !own)
+                    let reads = stage_reads(&self.graph.stages[x].body, m);
+                    let own = reads
+                        .iter()
+                        .all(|idx| idx.len() >= k && (0..k).all(|i| idx[i] == Expr::Axis(i)));
+                    !reads.is_empty()
+                        && (self.stages[x].attach == Attach::Inline || !in_chain(x) || !own)
                 });
                 if !outside {
                     fold[m] = k;

@@ -84,15 +84,9 @@ impl Split {
 /// The stages `stmts` store into and the tensors they load from.
 fn walk(stmts: &[Stmt], writes: &mut Vec<usize>, reads: &mut Vec<TensorRef>) {
     for s in stmts {
-        match s {
-            Stmt::Store { stage, .. } => writes.push(*stage),
-            Stmt::AccStore {
-                stage, epilogue, ..
-            } => writes.push(epilogue.as_ref().map_or(*stage, |e| e.stage)),
-            Stmt::Shared { boxes, .. } => {
-                reads.extend(boxes.iter().map(|b| TensorRef::Input(b.input)));
-            }
-            _ => {}
+        writes.extend(s.stored_stage());
+        if let Stmt::Shared { boxes, .. } = s {
+            reads.extend(boxes.iter().map(|b| TensorRef::Input(b.input)));
         }
         for e in s.exprs() {
             reads.extend(e.loads());

@@ -204,10 +204,10 @@ fn emit_nest(
     let (mut take, mut keep) = (String::new(), String::new());
     for &s in &folded {
         let ty = p.graph.stages[s].dtype.rust_name();
+        take.push_str(&scratch_take(&format!("f{s}"), ty, p.buffer_len(s), "None"));
         let _ = writeln!(
             take,
-            "    ::std::thread_local! {{ static __HARL_F{s}: ::core::cell::Cell<::std::vec::Vec<{ty}>> = const {{ ::core::cell::Cell::new(::std::vec::Vec::new()) }}; }}\n    let mut __harl_f{s} = ::harl::runtime::scratch_take(&__HARL_F{s}, {n}, None);\n    let b = Bufs {{ s{s}: ::harl::runtime::SyncPtr(__harl_f{s}.as_mut_ptr()), ..b }};",
-            n = p.buffer_len(s)
+            "    let b = Bufs {{ s{s}: ::harl::runtime::SyncPtr(__harl_f{s}.as_mut_ptr()), ..b }};"
         );
         let _ = writeln!(
             keep,
@@ -229,15 +229,20 @@ fn emit_nest(
     );
 }
 
+/// Declares a per-thread buffer kept between calls (`harl::runtime::scratch_take`) and takes
+/// `n` elements of it as `__harl_{name}`; `__HARL_{NAME}` is what `scratch_keep` returns it to.
+fn scratch_take(name: &str, ty: &str, n: usize, fill: &str) -> String {
+    let key = name.to_uppercase();
+    format!(
+        "    ::std::thread_local! {{ static __HARL_{key}: ::core::cell::Cell<::std::vec::Vec<{ty}>> = const {{ ::core::cell::Cell::new(::std::vec::Vec::new()) }}; }}\n    let mut __harl_{name} = ::harl::runtime::scratch_take(&__HARL_{key}, {n}, {fill});\n"
+    )
+}
+
 /// Calls `f` with each stage `stmts` store into.
 fn stores_into(stmts: &[Stmt], f: &mut dyn FnMut(usize)) {
     for s in stmts {
-        match s {
-            Stmt::Store { stage, .. } => f(*stage),
-            Stmt::AccStore {
-                stage, epilogue, ..
-            } => f(epilogue.as_ref().map_or(*stage, |e| e.stage)),
-            _ => {}
+        if let Some(stage) = s.stored_stage() {
+            f(stage);
         }
         stores_into(s.body(), f);
     }
@@ -392,11 +397,7 @@ fn emit_entry(out: &mut String, p: &Program, meta: &KernelMeta, entry: Entry<'_>
                 // fill it is written in full by its nest before anything reads it (the executor
                 // checks this by starting such buffers as NaN): no need to zero it first.
                 let fill = fill.map_or("None".to_string(), |v| format!("Some({v})"));
-                let _ = writeln!(
-                    out,
-                    "    ::std::thread_local! {{ static __HARL_S{s}: ::core::cell::Cell<::std::vec::Vec<{ty}>> = const {{ ::core::cell::Cell::new(::std::vec::Vec::new()) }}; }}\n    let mut __harl_s{s} = ::harl::runtime::scratch_take(&__HARL_S{s}, {n}, {fill});",
-                    n = st.size()
-                );
+                out.push_str(&scratch_take(&format!("s{s}"), ty, st.size(), &fill));
             }
             Slot::Owned => {
                 // Made once per set of weights: zeroing it costs nothing that matters.
