@@ -214,7 +214,7 @@ def main():
             wall = median_time(lambda: sess.run(None, feeds))
             kernels = kernel_time(model, t, feeds)
             # The peer is the faster: a lone convolution's wall time holds layout changes a
-            # network does not pay for every op (1.2-2.6x on ResNet's and MobileNet's convs).
+            # network does not pay for every op (up to 3x on MobileNet's depthwise convs).
             row[f"ort_{t}"] = min(wall, kernels)
             row[f"ort_wall_{t}"] = wall
             row[f"ort_kernels_{t}"] = kernels
