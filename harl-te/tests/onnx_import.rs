@@ -63,6 +63,30 @@ fn a_cnn_imports_fuses_and_matches_onnxruntime() {
 }
 
 #[test]
+fn pointwise_convolutions_import_as_products_over_flattened_pixels() {
+    let net = check_against_onnxruntime("pointwise");
+    // Each 1x1 convolution of 64 filters reduces over the channels into [1, 64, 6 * 10].
+    let flat = |t: &harl_te::onnx::Task| {
+        t.graph
+            .stages
+            .iter()
+            .any(|s| s.reduce.is_some() && s.shape == [1, 64, 60])
+    };
+    assert_eq!(
+        net.tasks.iter().filter(|t| flat(t)).count(),
+        3,
+        "{:?}",
+        names(&net)
+    );
+    // The residual add (its other operand viewed as [1, 64, 60]) and the ReLU stay fused.
+    assert!(
+        net.calls.iter().any(|c| c.nodes.len() == 3),
+        "{:?}",
+        names(&net)
+    );
+}
+
+#[test]
 fn an_encoder_layer_imports_and_matches_onnxruntime() {
     let net = check_against_onnxruntime("encoder");
     // The Q, K and V projections are one task called three times.

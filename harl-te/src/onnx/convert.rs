@@ -367,7 +367,47 @@ impl Converter<'_> {
         }
         let v = self.value(arg, node)?;
         let shape = self.values[v].shape.clone();
+        // An operand of an op that continues a task computed in a view (a 1x1 convolution over
+        // flattened pixels) is read in the same view.
+        let shape = self.task_view(&shape).unwrap_or(shape);
         Ok(self.bind(v, &shape))
+    }
+
+    /// `shape` (which broadcasts into the open task's ONNX shape) in the view harl computes the
+    /// task in, where that view merges runs of the ONNX axes; `None` where the task has no
+    /// such view or `shape` cannot follow it (it varies along only part of a merged run).
+    pub(super) fn task_view(&self, shape: &[usize]) -> Option<Vec<usize>> {
+        let open = self.open.as_ref().filter(|o| o.stages > 0)?;
+        let harl = open.b.shape(open.out);
+        let onnx = &open.out_shape;
+        if harl == onnx.as_slice() || !broadcasts_into(shape, onnx) {
+            return None;
+        }
+        // `shape` aligned on the right to the ONNX rank.
+        let mut s = vec![1; onnx.len() - shape.len()];
+        s.extend_from_slice(shape);
+        let mut out = Vec::with_capacity(harl.len());
+        let mut axis = 0;
+        for &h in &harl {
+            let start = axis;
+            let mut n = 1usize;
+            while n < h || (h == 1 && axis == start) {
+                n = n.checked_mul(*onnx.get(axis)?)?;
+                axis += 1;
+            }
+            if n != h {
+                return None;
+            }
+            let run = (start..axis).map(|a| (s[a], onnx[a]));
+            if run.clone().all(|(x, o)| x == o) {
+                out.push(h);
+            } else if run.clone().all(|(x, _)| x == 1) {
+                out.push(1);
+            } else {
+                return None;
+            }
+        }
+        (axis == onnx.len()).then_some(out)
     }
 
     pub(super) fn tensor_as(
@@ -549,11 +589,14 @@ impl Converter<'_> {
         let Some(open) = &self.open else {
             return false;
         };
+        let viewed = open.b.shape(open.out) != open.out_shape.as_slice();
         open.out_name == name
             && self.uses.get(&name) == Some(&1)
             && others.iter().all(|o| {
-                self.shape(o, "")
-                    .is_ok_and(|s| broadcasts_into(&s, &open.out_shape))
+                self.shape(o, "").is_ok_and(|s| {
+                    broadcasts_into(&s, &open.out_shape)
+                        && (!viewed || self.task_view(&s).is_some())
+                })
             })
     }
 

@@ -147,8 +147,19 @@ def unsupported(out_dir):
     m.save("unsupported", "x", [1, 4], [1, 8], out_dir)
 
 
+def pointwise(out_dir):
+    """A ResNet bottleneck's 1x1 convolutions with 64 filters (imported as matrix products over
+    flattened pixels): conv+BN+ReLU, a 1x1 shortcut with bias, and conv + shortcut + ReLU."""
+    m = Model()
+    h = m.op("Relu", [m.bn(m.conv("x", 16, 64, 1, bias=False), 64)])
+    s = m.conv("x", 16, 64, 1)
+    m.op("Relu", [m.op("Add", [m.conv(h, 64, 64, 1), s])])
+    m.save("pointwise", "x", [1, 16, 6, 10], [1, 64, 6, 10], out_dir)
+
+
 if __name__ == "__main__":
     out_dir = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
     cnn(out_dir)
     encoder(out_dir)
     unsupported(out_dir)
+    pointwise(out_dir)
