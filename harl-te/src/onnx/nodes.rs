@@ -1,7 +1,7 @@
 //! Each supported ONNX op as harl ops in the open task (see [`super`]).
 
 use super::convert::{batch_norm_affine, f32_data, node_err, product, static_shape, Converter};
-use super::{ImportError, ValueKind};
+use super::{ImportError, ValueId, ValueKind};
 use crate::expr::{BinaryOp, CmpOp, DType, Expr, TensorRef, UnaryOp};
 use crate::graph::{load, ReduceOp};
 use crate::ops;
@@ -303,20 +303,9 @@ impl Converter<'_> {
         // The activation first, then the weights: the kernel's inputs in the order the op
         // library's convolutions take them.
         let mut x = self.tensor(x_arg, node)?;
-        let (w, bias) = match self.folded.get(node).copied() {
-            Some((wv, bv)) => {
-                let ws = self.values[wv].shape.clone();
-                (self.bind(wv, &ws), Some(bv))
-            }
-            None => {
-                let w = self.tensor(w_arg, node)?;
-                let b = match ins.get(2).filter(|a| !a.is_optional()) {
-                    Some(b) => Some(self.value(b, node)?),
-                    None => None,
-                };
-                (w, b)
-            }
-        };
+        let (wv, bias) = self.conv_weight(node, w_arg, ins)?;
+        let ws = self.values[wv].shape.clone();
+        let w = self.bind(wv, &ws);
         let [t, l, bo, r] = pads;
         let symmetric = t == bo && l == r;
         if !symmetric {
@@ -335,6 +324,25 @@ impl Converter<'_> {
             y = ops::broadcast_binary(&mut self.open_mut().b, BinaryOp::Add, y, bt).map_err(err)?;
         }
         self.finish_node(node, y, out)
+    }
+
+    /// A convolution's weight and bias values: those of the batch norm folded into it, or its
+    /// own inputs.
+    fn conv_weight(
+        &mut self,
+        node: &str,
+        w_arg: &Argument,
+        ins: &[Argument],
+    ) -> Result<(ValueId, Option<ValueId>), ImportError> {
+        if let Some((wv, bv)) = self.folded.get(node).copied() {
+            return Ok((wv, Some(bv)));
+        }
+        let wv = self.value(w_arg, node)?;
+        let bias = match ins.get(2).filter(|a| !a.is_optional()) {
+            Some(b) => Some(self.value(b, node)?),
+            None => None,
+        };
+        Ok((wv, bias))
     }
 
     /// A 1x1 convolution of stride 1 without padding or groups, computed as a matrix product
@@ -358,17 +366,7 @@ impl Converter<'_> {
         };
         let (n, ch, pixels) = (xs[0], xs[1], xs[2].saturating_mul(xs[3]));
         let x = self.tensor_as(x_arg, node, &[n, ch, pixels])?;
-        let (wv, bias) = match self.folded.get(node).copied() {
-            Some((wv, bv)) => (wv, Some(bv)),
-            None => {
-                let wv = self.value(w_arg, node)?;
-                let b = match ins.get(2).filter(|a| !a.is_optional()) {
-                    Some(b) => Some(self.value(b, node)?),
-                    None => None,
-                };
-                (wv, b)
-            }
-        };
+        let (wv, bias) = self.conv_weight(node, w_arg, ins)?;
         let f = self.values[wv].shape.first().copied().unwrap_or(0);
         if product(&self.values[wv].shape) != f.saturating_mul(ch) {
             return Err(node_err(
@@ -378,7 +376,7 @@ impl Converter<'_> {
         }
         let w = self.bind(wv, &[f, ch]);
         let ax = Expr::axis;
-        let body = crate::load(w, [ax(1), ax(3)]) * crate::load(x, [ax(0), ax(3), ax(2)]);
+        let body = load(w, [ax(1), ax(3)]) * load(x, [ax(0), ax(3), ax(2)]);
         let name = self.fresh("conv1x1_");
         let mut y = self.open_mut().b.reduce(
             &name,
