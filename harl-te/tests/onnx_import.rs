@@ -91,6 +91,23 @@ fn an_encoder_layer_imports_and_matches_onnxruntime() {
     let net = check_against_onnxruntime("encoder");
     // The Q, K and V projections are one task called three times.
     assert!(net.tasks.iter().any(|t| t.weight >= 3), "{:?}", names(&net));
+    // The exported GELU (Div, Erf, Add, Mul, Mul) is computed in the task of the FFN's first
+    // linear layer, not in a task of its own.
+    let erf = |e: &harl_te::Expr| {
+        let mut found = false;
+        e.visit(&mut |x| found |= matches!(x, harl_te::Expr::Unary(harl_te::UnaryOp::Erf, _)));
+        found
+    };
+    let gelu = net
+        .tasks
+        .iter()
+        .find(|t| t.graph.stages.iter().any(|s| erf(&s.body)))
+        .expect("a task computes the GELU");
+    assert!(
+        gelu.graph.stages.iter().any(|s| s.reduce.is_some()),
+        "{}",
+        gelu.name
+    );
 }
 
 fn names(net: &harl_te::onnx::Network) -> Vec<(String, usize)> {

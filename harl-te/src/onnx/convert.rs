@@ -39,6 +39,8 @@ pub(super) struct Converter<'g> {
     /// Convolutions with a batch norm folded in: their new weight and bias values.
     pub(super) folded: HashMap<String, (ValueId, ValueId)>,
     pub(super) skip: HashSet<String>,
+    /// The Div nodes that start an exported exact GELU ([`Converter::fuse_gelus`]).
+    pub(super) gelus: HashSet<String>,
     pub(super) tasks: Vec<Task>,
     pub(super) task_of: HashMap<String, usize>,
     pub(super) calls: Vec<Call>,
@@ -55,6 +57,7 @@ pub(super) fn convert(g: &OnnxGraph, opset: usize) -> Result<Network, ImportErro
         alias: HashMap::new(),
         folded: HashMap::new(),
         skip: HashSet::new(),
+        gelus: HashSet::new(),
         tasks: Vec::new(),
         task_of: HashMap::new(),
         calls: Vec::new(),
@@ -67,6 +70,7 @@ pub(super) fn convert(g: &OnnxGraph, opset: usize) -> Result<Network, ImportErro
         inputs.push(cv.add_value(&arg.name, shape, ValueKind::Input));
     }
     cv.fold_batch_norms()?;
+    cv.fuse_gelus();
     cv.count_uses();
     for node in &g.nodes {
         if cv.skip.contains(node.name()) {
@@ -289,6 +293,75 @@ impl Converter<'_> {
             self.alias.insert(out.name.clone(), x.name.clone());
         }
         Ok(())
+    }
+
+    /// Finds the exact GELU as exporters write it, `(x * (1 + erf(x / sqrt(2)))) * 0.5` (Div,
+    /// Erf, Add, Mul, Mul; the commutative ops' operands in either order, each intermediate
+    /// read once). Its Div then converts as one GELU of `x`, the other four nodes are skipped,
+    /// and the last one's output names the Div's. `x` is then read once, so the GELU joins the
+    /// task of the linear layer that makes `x` (BERT's FFN).
+    pub(super) fn fuse_gelus(&mut self) {
+        let g = self.graph;
+        let mut readers: HashMap<&str, Vec<&Node>> = HashMap::new();
+        for node in &g.nodes {
+            for a in node.inputs() {
+                readers.entry(a.name.as_str()).or_default().push(node);
+            }
+        }
+        let outputs: HashSet<&str> = g.outputs.iter().map(|a| a.name.as_str()).collect();
+        // The one node reading `name`, where nothing else (a graph output included) does.
+        let only_reader = |name: &str| match readers.get(name).map(Vec::as_slice) {
+            Some([n]) if !outputs.contains(name) => Some(*n),
+            _ => None,
+        };
+        let out = |n: &Node| n.outputs().first().map(|o| o.name.clone());
+        // The operand of binary node `n` other than `name`, if `name` is one of its two.
+        let other = |n: &Node, name: &str| -> Option<Argument> {
+            match n.inputs() {
+                [a, b] if a.name == name => Some(b.clone()),
+                [a, b] if b.name == name => Some(a.clone()),
+                _ => None,
+            }
+        };
+        let near = |arg: &Argument, want: f32| {
+            (arg.is_static() || arg.is_constant())
+                && f32_data(arg, "")
+                    .is_ok_and(|d| d.len() == 1 && (d[0] - want).abs() <= 1e-4 * want)
+        };
+        for node in &g.nodes {
+            let Node::Div(_) = node else { continue };
+            let [x, c] = node.inputs() else { continue };
+            if !near(c, std::f32::consts::SQRT_2) {
+                continue;
+            }
+            let chain = (|| {
+                let erf = only_reader(&out(node)?)?;
+                let Node::Erf(_) = erf else { return None };
+                let erf_out = out(erf)?;
+                let add = only_reader(&erf_out)?;
+                let Node::Add(_) = add else { return None };
+                near(&other(add, &erf_out)?, 1.0).then_some(())?;
+                let add_out = out(add)?;
+                let mul = only_reader(&add_out)?;
+                let Node::Mul(_) = mul else { return None };
+                (other(mul, &add_out)?.name == x.name).then_some(())?;
+                let mul_out = out(mul)?;
+                let half = only_reader(&mul_out)?;
+                let Node::Mul(_) = half else { return None };
+                near(&other(half, &mul_out)?, 0.5).then_some(())?;
+                // x feeds the Div and this Mul only.
+                let x_readers = readers.get(x.name.as_str()).map_or(0, Vec::len);
+                (x_readers == 2 && !outputs.contains(x.name.as_str())).then_some(())?;
+                Some(([erf, add, mul, half], out(half)?))
+            })();
+            let (Some((skipped, last)), Some(div_out)) = (chain, out(node)) else {
+                continue;
+            };
+            self.skip
+                .extend(skipped.iter().map(|n| n.name().to_string()));
+            self.alias.insert(last, div_out);
+            self.gelus.insert(node.name().to_string());
+        }
     }
 
     /// The value an argument names: a computed or input value, or a weight made from its

@@ -101,13 +101,10 @@ impl Converter<'_> {
                 ) {
                     return Err(node_err(&name, "GELU's tanh approximation is not imported"));
                 }
-                self.elementwise(&name, input(0)?, out, |cv, x| {
-                    ops::gelu(&mut cv.open_mut().b, x).map_err(|source| ImportError::Op {
-                        node: cv.current(),
-                        source: Box::new(source),
-                    })
-                })
+                self.gelu(&name, input(0)?, out)
             }
+            // The first node of an exported exact GELU (`Converter::fuse_gelus`).
+            Node::Div(_) if self.gelus.contains(&name) => self.gelu(&name, input(0)?, out),
             Node::Clip(c) => {
                 let bound = |b: &Option<onnx_ir::node::clip::ClipInput>,
                              i: usize|
@@ -324,6 +321,16 @@ impl Converter<'_> {
             y = ops::broadcast_binary(&mut self.open_mut().b, BinaryOp::Add, y, bt).map_err(err)?;
         }
         self.finish_node(node, y, out)
+    }
+
+    /// The exact GELU of `x`, elementwise (it continues `x`'s task where it can).
+    fn gelu(&mut self, node: &str, x: &Argument, out: &Argument) -> Result<(), ImportError> {
+        self.elementwise(node, x, out, |cv, x| {
+            ops::gelu(&mut cv.open_mut().b, x).map_err(|source| ImportError::Op {
+                node: cv.current(),
+                source: Box::new(source),
+            })
+        })
     }
 
     /// A convolution's weight and bias values: those of the batch norm folded into it, or its
