@@ -103,6 +103,38 @@ pub(super) fn convert(g: &OnnxGraph, opset: usize) -> Result<Network, ImportErro
     })
 }
 
+/// The nodes reading each tensor name of a graph, and its outputs.
+struct Readers<'g> {
+    nodes: HashMap<&'g str, Vec<&'g Node>>,
+    outputs: HashSet<&'g str>,
+}
+
+impl<'g> Readers<'g> {
+    fn of(g: &'g OnnxGraph) -> Self {
+        let mut nodes: HashMap<&str, Vec<&Node>> = HashMap::new();
+        for node in &g.nodes {
+            for a in node.inputs() {
+                nodes.entry(a.name.as_str()).or_default().push(node);
+            }
+        }
+        let outputs = g.outputs.iter().map(|a| a.name.as_str()).collect();
+        Readers { nodes, outputs }
+    }
+
+    /// How many nodes and graph outputs read `name`.
+    fn count(&self, name: &str) -> usize {
+        self.nodes.get(name).map_or(0, Vec::len) + usize::from(self.outputs.contains(name))
+    }
+
+    /// The one reader of `name`, where nothing else (a graph output included) reads it.
+    fn only(&self, name: &str) -> Option<&'g Node> {
+        match self.nodes.get(name).map(Vec::as_slice) {
+            Some([n]) if !self.outputs.contains(name) => Some(*n),
+            _ => None,
+        }
+    }
+}
+
 pub(super) fn node_err(node: &str, why: impl Into<String>) -> ImportError {
     ImportError::Node {
         node: node.to_string(),
@@ -232,15 +264,7 @@ impl Converter<'_> {
     /// that convolution's weights: w' = w * s, b' = (b - mean) * s + beta, s = gamma / sqrt(var + eps).
     pub(super) fn fold_batch_norms(&mut self) -> Result<(), ImportError> {
         let g = self.graph;
-        let mut readers: HashMap<&str, usize> = HashMap::new();
-        for node in &g.nodes {
-            for a in node.inputs() {
-                *readers.entry(a.name.as_str()).or_default() += 1;
-            }
-        }
-        for a in &g.outputs {
-            *readers.entry(a.name.as_str()).or_default() += 1;
-        }
+        let readers = Readers::of(g);
         for node in &g.nodes {
             let Node::BatchNormalization(bn) = node else {
                 continue;
@@ -251,7 +275,7 @@ impl Converter<'_> {
                 _ => None,
             });
             let Some(conv) = conv else { continue };
-            if readers.get(x.name.as_str()) != Some(&1) || bn.inputs.len() < 5 {
+            if readers.only(&x.name).is_none() || bn.inputs.len() < 5 {
                 continue;
             }
             let (Some(w), Some(out)) = (conv.inputs.get(1), bn.outputs.first()) else {
@@ -302,18 +326,8 @@ impl Converter<'_> {
     /// task of the linear layer that makes `x` (BERT's FFN).
     pub(super) fn fuse_gelus(&mut self) {
         let g = self.graph;
-        let mut readers: HashMap<&str, Vec<&Node>> = HashMap::new();
-        for node in &g.nodes {
-            for a in node.inputs() {
-                readers.entry(a.name.as_str()).or_default().push(node);
-            }
-        }
-        let outputs: HashSet<&str> = g.outputs.iter().map(|a| a.name.as_str()).collect();
-        // The one node reading `name`, where nothing else (a graph output included) does.
-        let only_reader = |name: &str| match readers.get(name).map(Vec::as_slice) {
-            Some([n]) if !outputs.contains(name) => Some(*n),
-            _ => None,
-        };
+        let readers = Readers::of(g);
+        let only_reader = |name: &str| readers.only(name);
         let out = |n: &Node| n.outputs().first().map(|o| o.name.clone());
         // The operand of binary node `n` other than `name`, if `name` is one of its two.
         let other = |n: &Node, name: &str| -> Option<Argument> {
@@ -331,7 +345,7 @@ impl Converter<'_> {
         for node in &g.nodes {
             let Node::Div(_) = node else { continue };
             let [x, c] = node.inputs() else { continue };
-            if !near(c, std::f32::consts::SQRT_2) {
+            if x.name.is_empty() || !near(c, std::f32::consts::SQRT_2) {
                 continue;
             }
             let chain = (|| {
@@ -350,8 +364,7 @@ impl Converter<'_> {
                 let Node::Mul(_) = half else { return None };
                 near(&other(half, &mul_out)?, 0.5).then_some(())?;
                 // x feeds the Div and this Mul only.
-                let x_readers = readers.get(x.name.as_str()).map_or(0, Vec::len);
-                (x_readers == 2 && !outputs.contains(x.name.as_str())).then_some(())?;
+                (readers.count(&x.name) == 2).then_some(())?;
                 Some(([erf, add, mul, half], out(half)?))
             })();
             let (Some((skipped, last)), Some(div_out)) = (chain, out(node)) else {
