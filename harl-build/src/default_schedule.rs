@@ -114,7 +114,10 @@ fn plan(
     let mut inlined = vec![false; graph.stages.len()];
     for (s, stage) in graph.stages.iter().enumerate().take(last) {
         // A producer of exponentials (or the like) read more than once is computed once.
-        let costly_to_repeat = transcendental(&stage.body) && reads_of(graph, s) > 1;
+        // So is a division or root that a consumer would repeat for every element it
+        // broadcasts the value over (softmax's 1 / sum, one per row).
+        let costly_to_repeat = (transcendental(&stage.body) && reads_of(graph, s) > 1)
+            || (stage.dtype.is_float() && divides(&stage.body) && broadcast_read(graph, s));
         if stage.reduce.is_none() && !has_select(&stage.body) && !keep[s] && !costly_to_repeat {
             steps.push(Step::ComputeInline { stage: s });
             inlined[s] = true;
@@ -629,6 +632,32 @@ fn transcendental(e: &Expr) -> bool {
         )
     });
     found
+}
+
+/// Whether `e` divides or takes a square root outside its load indices (which are integer
+/// arithmetic): a vector division costs an order of magnitude more than a multiply.
+fn divides(e: &Expr) -> bool {
+    match e {
+        Expr::Binary(harl_te::BinaryOp::Div, ..) | Expr::Unary(harl_te::UnaryOp::Sqrt, _) => true,
+        Expr::Const(..) | Expr::Axis(_) | Expr::Load(..) => false,
+        Expr::Unary(_, a) | Expr::Cast(_, a) => divides(a),
+        Expr::Binary(_, a, b) | Expr::Cmp(_, a, b) => divides(a) || divides(b),
+        Expr::Select(c, a, b) => divides(c) || divides(a) || divides(b),
+    }
+}
+
+/// Whether a stage reading stage `s` runs more iterations than `s` has elements: inlined
+/// there, `s`'s body would be computed again for each.
+fn broadcast_read(graph: &Graph, s: usize) -> bool {
+    let size = graph.stages[s].size();
+    graph.stages.iter().any(|c| {
+        let iterations = c.size().saturating_mul(
+            c.reduce
+                .as_ref()
+                .map_or(1, |r| r.extents.iter().product::<usize>()),
+        );
+        iterations > size && c.body.loads().contains(&TensorRef::Stage(s))
+    })
 }
 
 /// How many loads of stage `s` the graph's stages make.

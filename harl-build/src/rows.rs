@@ -208,12 +208,13 @@ mod tests {
     #[test]
     fn softmax_and_layer_norm_are_one_chain() {
         let g = w::softmax(64, 128).expect("softmax");
-        // Max, exponentials, sum, quotient: nothing inlined (the exponentials are kept).
+        // Max, exponentials, sum, reciprocal, product: nothing inlined (the exponentials and
+        // the reciprocal are kept).
         let none = vec![false; g.stages.len()];
         assert_eq!(
             row_chains(&g, &none),
             [RowChain {
-                members: vec![0, 1, 2, 3],
+                members: vec![0, 1, 2, 3, 4],
                 k: 1
             }]
         );

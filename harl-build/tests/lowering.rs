@@ -352,7 +352,7 @@ fn default_row_reductions_split_into_lanes_and_match() {
 /// loops, and the result is the interpreter's.
 fn softmax_within(cache_write_sum: bool) -> Schedule {
     let mut steps = vec![
-        // 0 max_rf [rows, 8], 1 max, 2 exp, 3 sum_rf, 4 sum, 5 softmax.
+        // 0 max_rf [rows, 8], 1 max, 2 exp, 3 sum_rf, 4 sum, 5 1/sum, 6 softmax.
         Step::Rfactor {
             stage: 0,
             factor: 8,
@@ -406,13 +406,18 @@ fn softmax_within(cache_write_sum: bool) -> Schedule {
             target: 0,
             at: 0,
         },
-        Step::Split {
+        Step::ComputeWithin {
             stage: 5,
+            target: 0,
+            at: 0,
+        },
+        Step::Split {
+            stage: 6,
             at: 1,
             factors: vec![16],
         },
         Step::ComputeWithin {
-            stage: 5,
+            stage: 6,
             target: 0,
             at: 0,
         },
@@ -436,7 +441,7 @@ fn compute_within_fuses_softmax_rows() {
 #[test]
 fn compute_within_rejects_what_it_cannot_compute_per_row() {
     let g = harl_te::ops::workloads::softmax(6, 40).expect("softmax");
-    // 0 max [6] reduce 40, 1 exp, 2 sum, 3 softmax.
+    // 0 max [6] reduce 40, 1 exp, 2 sum, 3 1/sum, 4 softmax.
     let within = |stage, target, at| Step::ComputeWithin { stage, target, at };
     let cases: Vec<Vec<Step>> = vec![
         // The target's row loop split: its loops 0..=0 are no longer a whole axis.

@@ -1268,10 +1268,11 @@ fn conv_transpose_nd(
 
 /// Softmax along `axis` (negative counts from the end; -1 is the last axis), floats only.
 ///
-/// Three stages, numerically stable: `softmax_max` (max-reduce of x along the axis),
-/// `softmax_sum` (sum-reduce of `exp(x - max)`), and the elementwise `softmax` stage
-/// `exp(x - max) / sum` of x's shape. The reduced stages have x's shape without the axis
-/// (`[1]` for 1-D x).
+/// Numerically stable: `softmax_max` (max-reduce of x along the axis), `softmax_exp`
+/// (`exp(x - max)`), `softmax_sum` (its sum along the axis), `softmax_inv` (`1 / sum`) and the
+/// elementwise `softmax` stage `exp(x - max) * inv` of x's shape. The reduced stages have x's
+/// shape without the axis (`[1]` for 1-D x). One division a row, not one an element: a vector
+/// division costs as much as the rest of an element's work together.
 pub fn softmax(b: &mut GraphBuilder, x: TensorRef, axis: isize) -> OpResult {
     const OP: &str = "softmax";
     let (sx, dx) = info(b, OP, "x", x)?;
@@ -1303,7 +1304,14 @@ pub fn softmax(b: &mut GraphBuilder, x: TensorRef, axis: isize) -> OpResult {
         &[l],
         load(e, r.input_from_reduced.clone()),
     );
-    let body = load(e, full) / load(s, r.reduced_from_full);
+    let name = fresh_name(b, "softmax_inv");
+    let inv = b.compute(
+        &name,
+        &r.shape,
+        dx,
+        Expr::lit(1.0, dx) / load(s, r.reduced_from_reduced.clone()),
+    );
+    let body = load(e, full) * load(inv, r.reduced_from_full);
     let name = fresh_name(b, OP);
     Ok(b.compute(&name, &sx, dx, body))
 }
