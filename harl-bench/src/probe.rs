@@ -1,5 +1,6 @@
-//! `harl-bench probe --workload W [--threads T] [--rounds R]` (W a suite name or spec, or a
-//! `models` kernel's name): a check of the measurer itself.
+//! `harl-bench probe --workload W [--threads T] [--rounds R]` (W a suite name or spec, a
+//! `models` kernel's name, or `TASKS.json@NAME`, a task of an `e2e` task list): a check of the
+//! measurer itself.
 //! It times, in one batch and in a rotating order, the default schedule twice and the point of
 //! every sketch that reproduces the default's loops (the tuner's seeds), so that a gap between
 //! schedules that should run alike shows whether it comes from the code or from where in a
@@ -27,6 +28,28 @@ pub struct Probe<'a> {
     pub against: &'a [std::path::PathBuf],
 }
 
+/// The graph of the task named `name` (its `name` or `kernel` field) in a task list such as
+/// `e2e`'s `tasks.json` or `tuning-cache/networks/<net>.json`.
+fn listed_task(file: &str, name: &str) -> Result<harl_te::Graph, Error> {
+    #[derive(serde::Deserialize)]
+    struct Listed {
+        #[serde(default)]
+        name: String,
+        kernel: String,
+        graph: harl_te::Graph,
+    }
+    let text = std::fs::read_to_string(file)?;
+    let listed: Vec<Listed> = serde_json::from_str(&text).map_err(|e| format!("{file}: {e}"))?;
+    let task = listed
+        .into_iter()
+        .find(|t| t.name == name || t.kernel == name)
+        .ok_or_else(|| format!("{file}: no task named `{name}`"))?;
+    task.graph
+        .validate()
+        .map_err(|e| format!("{file} {name}: {e}"))?;
+    Ok(task.graph)
+}
+
 /// Times the default schedule (twice) and the schedules of `against`, or, without those, the
 /// sketches' default points, `rounds` rounds; with `emit`, also writes each schedule's generated Rust module there
 /// (`0.rs`, `1.rs`, ...).
@@ -34,7 +57,10 @@ pub fn run(p: &Probe<'_>) -> Result<(), Error> {
     let (workload, threads, rounds, emit) = (p.workload, p.threads, p.rounds, p.emit);
     let graph = match crate::models::kernel_graph(workload) {
         Some(graph) => graph?,
-        None => suite::build(&suite::resolve(workload)?.spec)?,
+        None => match workload.split_once('@') {
+            Some((file, name)) if file.ends_with(".json") => listed_task(file, name)?,
+            _ => suite::build(&suite::resolve(workload)?.spec)?,
+        },
     };
     let target = host_target(threads);
     if let Some(file) = p.save_default {

@@ -932,10 +932,14 @@ fn emit_tiled(
     if split_red {
         order.push((ns, 0));
     }
+    // Within a block, the panels of the vector operand outside its rows: a panel (the
+    // reduction block times the register width) stays in L1 while the rows' broadcast values
+    // stream past, a quarter of the bytes of streaming the panels past the rows (BERT's FFN
+    // layer and a ResNet-50 1x1 convolution over flattened pixels: 1.05-1.08x, one core).
+    order.push((p.vec_axis, 1));
     if let Some(r) = p.row_axis {
         order.push((r, 1));
     }
-    order.push((p.vec_axis, 1));
     order.push((ns, usize::from(split_red)));
     order.extend((ns + 1..n_axes).map(|a| (a, 0)));
     if let Some(r) = p.row_axis {
@@ -944,9 +948,11 @@ fn emit_tiled(
     order.extend((2..=vec_inner).map(|l| (p.vec_axis, l)));
     loops.reorder(steps, &order);
     loops.fuse_prefix(steps, outer);
+    // The accumulator block: everything inside the innermost of the two block loops.
+    let block = p.row_axis.map_or((p.vec_axis, 1), |r| (r, 1));
     steps.push(Step::CacheWrite {
         stage: s,
-        at: loops.pos((p.vec_axis, 1)),
+        at: loops.pos(block),
     });
     steps.push(Step::Parallel { stage: s, at: 0 });
     if let Some(r) = p.row_axis {
@@ -970,7 +976,7 @@ fn emit_tiled(
     if split_red {
         0
     } else {
-        loops.pos((p.vec_axis, 1))
+        loops.pos(block)
     }
 }
 
