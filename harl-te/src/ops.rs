@@ -948,6 +948,50 @@ fn pad_stage(
     b.compute(&name, &shape, dtype, body)
 }
 
+/// The zero-padded input of a convolution strided by `s` along its last axis, that axis split
+/// into its `s` phases: `[N, C, .., s, ceil(Wp / s)]`, phase `q` element `j` holding padded
+/// column `j * s + q` (zero past the padded width). Each tap of the convolution then reads
+/// one phase contiguously along the output row, instead of every `s`-th element of the row
+/// (a gather in every tap's vector load: MobileNet-V2's stride-2 depthwise convolutions).
+fn phase_pad_stage(
+    b: &mut GraphBuilder,
+    x: TensorRef,
+    sx: &[usize],
+    dtype: DType,
+    pad: &[usize],
+    padded: &[i64],
+    s: usize,
+) -> TensorRef {
+    let d = pad.len();
+    let mut shape = sx[..2].to_vec();
+    shape.extend(padded[..d - 1].iter().map(|&p| p as usize));
+    let wp = padded[d - 1] as usize;
+    shape.push(s);
+    shape.push(wp.div_ceil(s));
+    let mut idx = vec![ax(0), ax(1)];
+    let mut conds = Vec::new();
+    for (i, &p) in pad.iter().enumerate() {
+        let p = p as i64;
+        let (col, len) = if i == d - 1 {
+            // The padded column: element `j` (axis d + 2) of phase `q` (axis d + 1).
+            (times(ax(d + 2), s as i64) + ax(d + 1), sx[2 + i] as i64)
+        } else {
+            (ax(2 + i), sx[2 + i] as i64)
+        };
+        if p > 0 || i == d - 1 {
+            conds.push(col.clone().cmp(CmpOp::Ge, Expr::int(p)));
+            conds.push(col.clone().cmp(CmpOp::Lt, Expr::int(p + len)));
+        }
+        idx.push(offset(col, -p));
+    }
+    let body = match and_all(conds) {
+        Some(c) => Expr::select(c, load(x, idx), zero(dtype)),
+        None => load(x, idx),
+    };
+    let name = fresh_name(b, "pad");
+    b.compute(&name, &shape, dtype, body)
+}
+
 /// The index of the input channel: group of output channel `f` times C/groups, plus `rc`.
 fn input_channel(groups: usize, f: Expr, fg: i64, cg: i64, rc: Expr) -> Expr {
     if groups == 1 {
@@ -1022,10 +1066,20 @@ fn conv_nd(b: &mut GraphBuilder, x: TensorRef, w: TensorRef, spec: ConvSpec<'_>)
         padded.push(pl);
         out.push(((pl as i128 - span) / s + 1) as usize);
     }
-    let src = if spec.pad.iter().any(|&p| p > 0) {
-        pad_stage(b, x, &sx, dx, spec.pad, &padded)
-    } else {
-        x
+    // A depthwise convolution strided along its last axis reads its padded input in phases
+    // (see `phase_pad_stage`).
+    let last = d - 1;
+    let phases = (cg == 1
+        && g == c
+        && g > 1
+        && spec.pad.iter().any(|&p| p > 0)
+        && spec.stride[last] > 1
+        && spec.dilation[last] == 1)
+        .then_some(spec.stride[last]);
+    let src = match phases {
+        Some(s) => phase_pad_stage(b, x, &sx, dx, spec.pad, &padded, s),
+        None if spec.pad.iter().any(|&p| p > 0) => pad_stage(b, x, &sx, dx, spec.pad, &padded),
+        None => x,
     };
     // Axes: n, f, o_0..o_d, then reduce axes rc, k_0..k_d.
     let ns = d + 2;
@@ -1036,7 +1090,15 @@ fn conv_nd(b: &mut GraphBuilder, x: TensorRef, w: TensorRef, spec: ConvSpec<'_>)
     for i in 0..d {
         let o = times(ax(2 + i), spec.stride[i] as i64);
         let k = times(ax(ns + 1 + i), spec.dilation[i] as i64);
-        ix.push(o + k);
+        match phases {
+            // Column `o * s + k` of the padded row is phase `k % s`, element `o + k / s`.
+            Some(s) if i == last => {
+                let s = s as i64;
+                ix.push(ax(ns + 1 + i) % Expr::int(s));
+                ix.push(ax(2 + i) + divided(ax(ns + 1 + i), s));
+            }
+            _ => ix.push(o + k),
+        }
         iw.push(ax(ns + 1 + i));
     }
     let mut shape = vec![sx[0], f];

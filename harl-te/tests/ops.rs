@@ -486,10 +486,16 @@ fn check_conv2d(
     assert_eq!(g.stages.len(), if padded { 2 } else { 1 });
     if padded {
         assert_eq!(g.stages[0].name, "pad");
-        assert_eq!(
-            g.stages[0].shape,
-            vec![n, c, h + 2 * p.pad.0, wd + 2 * p.pad.1]
-        );
+        // A depthwise convolution strided along its rows splits each padded row into its
+        // phases (`[.., stride, ceil(Wp / stride)]`).
+        let (hp, wp) = (h + 2 * p.pad.0, wd + 2 * p.pad.1);
+        let phases = p.groups == c && c > 1 && p.stride.1 > 1 && p.dilation.1 == 1;
+        let want = if phases {
+            vec![n, c, hp, p.stride.1, wp.div_ceil(p.stride.1)]
+        } else {
+            vec![n, c, hp, wp]
+        };
+        assert_eq!(g.stages[0].shape, want);
         // The conv stage reads the padded tensor without any select.
         g.stages[1]
             .body
@@ -811,8 +817,8 @@ fn softmax_matches() {
         let x = b.input("x", &shape, DType::F32);
         let y = ops::softmax(&mut b, x, axis).unwrap();
         let g = b.finish().unwrap();
-        // max, exp, sum, quotient
-        assert_eq!(g.stages.len(), 4);
+        // max, exp, sum, 1 / sum, product
+        assert_eq!(g.stages.len(), 5);
         assert_eq!(g.shape(y), &shape);
         // Large values: the max subtraction keeps exp finite.
         let xv: Vec<f64> = r.vec32(24).iter().map(|v| v * 50.0).collect();
@@ -1092,7 +1098,7 @@ fn workloads_build_and_validate() {
         assert!(g.flops() > 0.0);
     }
     assert_eq!(workloads::dense_bias_relu(4, 5, 6).unwrap().stages.len(), 2);
-    assert_eq!(workloads::softmax(4, 16).unwrap().stages.len(), 4);
+    assert_eq!(workloads::softmax(4, 16).unwrap().stages.len(), 5);
     assert!(workloads::conv2d(1, 3, 2, 2, 4, 5, 5, 1, 0, 1, 1).is_err());
     assert!(workloads::matmul(0, 2, 2).is_err());
     assert!(workloads::conv1d(1, 3, 10, 4, 3, 1, 0, 1, 2).is_err());
