@@ -72,6 +72,8 @@ fn cases() -> Vec<Case> {
         // padding's rows (`loop_ir::Epilogue`), the padded planes one at a time per thread
         // (`Program::fold`).
         depthwise_bias_relu6(8, 32, 1),
+        // Stride 2: the padded rows split into their phases, each tap one contiguous load.
+        depthwise_bias_relu6(8, 32, 2),
     ];
     let mut out = Vec::new();
     for (gi, g) in graphs.iter().enumerate() {

@@ -31,6 +31,11 @@ fn cases() -> Vec<(&'static str, Graph)> {
             "depthwise",
             w::depthwise_conv2d(1, 4, 7, 7, 3, 3, 1, 1, 1).expect("depthwise"),
         ),
+        (
+            // Stride 2: the padded input split into its phases (a 5-D stage).
+            "depthwise stride 2",
+            w::depthwise_conv2d(1, 4, 9, 9, 3, 3, 2, 1, 1).expect("depthwise"),
+        ),
         ("softmax", w::softmax(3, 48).expect("softmax")),
         ("layer_norm", w::layer_norm(4, 48).expect("layer_norm")),
         ("batch_matmul", w::batch_matmul(2, 5, 7, 12).expect("bmm")),
