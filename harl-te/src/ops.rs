@@ -940,12 +940,24 @@ fn pad_stage(
         }
         idx.push(offset(ax(a), -p));
     }
+    padded_stage(b, x, idx, conds, &shape, dtype)
+}
+
+/// The `pad` stage of `shape`: `x` at `idx` where every one of `conds` holds, zero elsewhere.
+fn padded_stage(
+    b: &mut GraphBuilder,
+    x: TensorRef,
+    idx: Vec<Expr>,
+    conds: Vec<Expr>,
+    shape: &[usize],
+    dtype: DType,
+) -> TensorRef {
     let body = match and_all(conds) {
         Some(c) => Expr::select(c, load(x, idx), zero(dtype)),
         None => load(x, idx),
     };
     let name = fresh_name(b, "pad");
-    b.compute(&name, &shape, dtype, body)
+    b.compute(&name, shape, dtype, body)
 }
 
 /// The zero-padded input of a convolution strided by `s` along its last axis, that axis split
@@ -984,12 +996,7 @@ fn phase_pad_stage(
         }
         idx.push(offset(col, -p));
     }
-    let body = match and_all(conds) {
-        Some(c) => Expr::select(c, load(x, idx), zero(dtype)),
-        None => load(x, idx),
-    };
-    let name = fresh_name(b, "pad");
-    b.compute(&name, &shape, dtype, body)
+    padded_stage(b, x, idx, conds, &shape, dtype)
 }
 
 /// The index of the input channel: group of output channel `f` times C/groups, plus `rc`.
