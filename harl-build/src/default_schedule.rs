@@ -541,7 +541,12 @@ pub fn layout_tiles(graph: &Graph, s: usize, target: &CpuTarget, l: &Layout) -> 
             .map_or(1, |r| r.extents.iter().product()),
         elem_bytes: elem_bytes(stage.dtype),
     };
-    let tile = crate::register_tile::choose(&problem, target);
+    // Without a window (a 1x1 convolution) the filter tile may fill the register file.
+    let tile = if crate::layout::windowed(stage) {
+        crate::register_tile::choose(&problem, target)
+    } else {
+        crate::register_tile::choose_panel_tile(&problem, target)
+    };
     let (nr, mr) = (tile.width, tile.rows);
     let red = stage.reduce.as_ref().map_or(1, |r| r.extents[0]);
     TilePlan {
@@ -1093,6 +1098,7 @@ mod tests {
         let avx2 = CpuTarget {
             vector_bytes: 32,
             acc_registers: 12,
+            vector_registers: 16,
             threads: 1,
         };
         let plan_of = |m: usize| {
@@ -1139,6 +1145,7 @@ mod tests {
         let target = CpuTarget {
             vector_bytes: 64,
             acc_registers: 16,
+            vector_registers: 32,
             threads: 1,
         };
         for (k, panels_first) in [(1024, true), (64, false)] {

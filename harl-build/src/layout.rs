@@ -74,13 +74,7 @@ pub fn layout_choice(graph: &Graph, s: usize, target: &CpuTarget) -> Option<Layo
         idx.last()
             .is_some_and(|l| !matches!(step(l, last), Some(0 | 1)))
     });
-    // A window along the row (a 3x3 convolution's taps): the row tile's vector operand moves
-    // with the reduction, and the compiler keeps each tap's vector live beside the tile.
-    let windowed = loads.iter().any(|(_, idx)| {
-        idx.last().is_some_and(|l| {
-            uses_axis(l, last) && (ns..n_axes).any(|a| extents[a] > 1 && uses_axis(l, a))
-        })
-    });
+    let windowed = windowed(stage);
     let lanes = (target.vector_bytes / elem).max(1);
     // How well the default's register tile along the last axis fills the vectors, and its
     // throughput by the tile model.
@@ -156,6 +150,22 @@ pub fn layout_choice(graph: &Graph, s: usize, target: &CpuTarget) -> Option<Layo
         }
     }
     best.map(|(_, l)| l)
+}
+
+/// Whether `stage` reads some operand through a window along its last spatial axis (a 3x3
+/// convolution's taps): a row tile's vector operand then moves with the reduction, and the
+/// compiler keeps each tap's vector live beside the tile.
+pub fn windowed(stage: &harl_te::Stage) -> bool {
+    let Some(last) = stage.n_spatial().checked_sub(1) else {
+        return false;
+    };
+    let extents = stage.axis_extents();
+    loads_of(stage).iter().any(|(_, idx)| {
+        idx.last().is_some_and(|l| {
+            uses_axis(l, last)
+                && (stage.n_spatial()..extents.len()).any(|a| extents[a] > 1 && uses_axis(l, a))
+        })
+    })
 }
 
 /// The weight (or well reused activation) that stage `s` reads along its last spatial axis (the
@@ -467,6 +477,7 @@ mod tests {
         let avx2 = CpuTarget {
             vector_bytes: 32,
             acc_registers: 12,
+            vector_registers: 16,
             threads: 2,
         };
         let steps = crate::default_schedule::default_schedule(&g, &avx2).steps;
@@ -496,6 +507,7 @@ mod tests {
         let avx2 = CpuTarget {
             vector_bytes: 32,
             acc_registers: 12,
+            vector_registers: 16,
             threads: 1,
         };
         let mut g = w::conv2d(1, 64, 56, 56, 64, 3, 3, 1, 1, 1, 1).expect("conv2d");
@@ -534,6 +546,7 @@ mod tests {
         let avx2 = CpuTarget {
             vector_bytes: 32,
             acc_registers: 12,
+            vector_registers: 16,
             threads: 2,
         };
         let schedule = crate::default_schedule::default_schedule(&g, &avx2);
@@ -611,6 +624,7 @@ mod tests {
         let t = CpuTarget {
             vector_bytes: 64,
             acc_registers: 16,
+            vector_registers: 32,
             threads: 1,
         };
         // Stride 2: always.

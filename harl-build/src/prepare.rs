@@ -146,6 +146,7 @@ mod tests {
         let target = CpuTarget {
             vector_bytes: 64,
             acc_registers: 28,
+            vector_registers: 32,
             threads: 2,
         };
         let sched = default_schedule(&g, &target);

@@ -121,6 +121,49 @@ pub fn choose(p: &TileProblem, target: &CpuTarget) -> RegisterTile {
     best
 }
 
+/// Vector registers a panel tile keeps for other values than its accumulators: its vector
+/// operands (up to two vectors at the widest ties) and one broadcast, and one to spare.
+const PANEL_TILE_RESERVED: usize = 4;
+
+/// The register tile of a 1x1 convolution's filter tile (a layout without a window): the
+/// filters are the vector, read from a weight panel that streams through once for every row
+/// tile, and each row is one broadcast of the activation. Only the broadcast and the panel's
+/// vectors live beside the accumulators, so the tile may fill the register file (28 of
+/// AVX-512's 32), rows as many as fit; among tiles of the model's best [`throughput`], the one
+/// with the most rows wins (each panel read then feeds more multiply-adds), then the width
+/// [`choose`] prefers. ResNet-50's 1x1 convolutions at 14x14 took 7 or 4 pixels x 2 vectors and
+/// ran at 98-114 GFLOP/s; 14 pixels x 2 vectors ran at 131-140, and 7 pixels x 4 vectors (as
+/// many accumulators, as few rows) gained nothing (AVX-512, 1 thread, `harl-bench probe
+/// --against`, hand-edited defaults in one sitting, 2026-12-05). A window (a 3x3
+/// convolution's taps) keeps more values live: 14 x 2 vectors spilled there and ran at 0.6x,
+/// so windowed tiles keep [`choose`].
+pub fn choose_panel_tile(p: &TileProblem, target: &CpuTarget) -> RegisterTile {
+    let lanes = lanes(p, target);
+    let regs = target
+        .vector_registers
+        .saturating_sub(PANEL_TILE_RESERVED)
+        .max(target.acc_registers)
+        .max(1);
+    let mut best = choose(p, target);
+    let mut best_key = (throughput(p, target, best.rows, best.width), best.rows);
+    for width in divisors(p.vec_extent, regs * lanes) {
+        for rows in divisors(p.row_extent, regs) {
+            if rows * width.div_ceil(lanes) > regs {
+                continue;
+            }
+            let speed = throughput(p, target, rows, width);
+            // Strictly better: a tie with `choose`'s tile keeps its width preference.
+            if speed > best_key.0 + 1e-9
+                || ((speed - best_key.0).abs() <= 1e-9 && rows > best_key.1)
+            {
+                best = RegisterTile { rows, width };
+                best_key = (speed, rows);
+            }
+        }
+    }
+    best
+}
+
 /// The divisors of `n` that are at most `cap`, ascending (1 at least).
 fn divisors(n: usize, cap: usize) -> Vec<usize> {
     let d: Vec<usize> = (1..=cap.min(n)).filter(|d| n.is_multiple_of(*d)).collect();
@@ -138,11 +181,13 @@ mod tests {
     const AVX2: CpuTarget = CpuTarget {
         vector_bytes: 32,
         acc_registers: 12,
+        vector_registers: 16,
         threads: 1,
     };
     const AVX512: CpuTarget = CpuTarget {
         vector_bytes: 64,
         acc_registers: 16,
+        vector_registers: 32,
         threads: 1,
     };
 
@@ -196,6 +241,27 @@ mod tests {
     }
 
     #[test]
+    fn a_panel_tile_takes_more_rows_where_the_registers_allow() {
+        // ResNet-50's 1x1 convolution at 14x14: 196 pixels as rows, 1024 filters as the vector.
+        let p = problem(1024, 196, 256);
+        assert_eq!(choose(&p, &AVX512), RegisterTile { rows: 4, width: 32 });
+        assert_eq!(
+            choose_panel_tile(&p, &AVX512),
+            RegisterTile {
+                rows: 14,
+                width: 32
+            }
+        );
+        // 49 pixels: no row count between 7 and 49 divides them, and more vectors with as few
+        // rows is no better, so the tile stays.
+        let p = problem(2048, 49, 512);
+        assert_eq!(choose_panel_tile(&p, &AVX512), choose(&p, &AVX512));
+        // AVX2's 16 registers leave no room beyond `choose`'s budget.
+        let p = problem(1024, 196, 256);
+        assert_eq!(choose_panel_tile(&p, &AVX2), choose(&p, &AVX2));
+    }
+
+    #[test]
     fn every_choice_divides_and_fits() {
         for vec in [1, 3, 7, 8, 16, 24, 49, 96, 197, 512, 1000] {
             for row in [1, 2, 7, 9, 49, 56, 197, 512] {
@@ -204,6 +270,11 @@ mod tests {
                     let lanes = target.vector_bytes / 4;
                     assert!(vec % t.width == 0 && row % t.rows == 0, "{vec} {row} {t:?}");
                     assert!(t.rows * t.width.div_ceil(lanes) <= target.acc_registers);
+                    let t = choose_panel_tile(&problem(vec, row, 256), &target);
+                    assert!(vec % t.width == 0 && row % t.rows == 0, "{vec} {row} {t:?}");
+                    let budget =
+                        (target.vector_registers - PANEL_TILE_RESERVED).max(target.acc_registers);
+                    assert!(t.rows * t.width.div_ceil(lanes) <= budget, "{t:?}");
                 }
             }
         }

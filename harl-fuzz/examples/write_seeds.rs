@@ -41,6 +41,7 @@ fn write_cache_line_seeds() {
     let avx512 = CpuTarget {
         vector_bytes: 64,
         acc_registers: 16,
+        vector_registers: 32,
         threads: 8,
     };
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("regressions/cache_line");

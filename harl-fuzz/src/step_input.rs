@@ -249,15 +249,16 @@ pub enum FuzzTarget {
 
 impl FuzzTarget {
     fn cpu(self) -> CpuTarget {
-        let (vector_bytes, acc_registers, threads) = match self {
+        let (vector_bytes, acc_registers, vector_registers, threads) = match self {
             FuzzTarget::Portable => return CpuTarget::portable(),
-            FuzzTarget::Avx512 => (64, 16, 8),
-            FuzzTarget::Avx2 => (32, 12, 4),
-            FuzzTarget::Narrow => (16, 12, 1),
+            FuzzTarget::Avx512 => (64, 16, 32, 8),
+            FuzzTarget::Avx2 => (32, 12, 16, 4),
+            FuzzTarget::Narrow => (16, 12, 16, 1),
         };
         CpuTarget {
             vector_bytes,
             acc_registers,
+            vector_registers,
             threads,
         }
     }

@@ -7,6 +7,9 @@ pub struct CpuTarget {
     pub vector_bytes: usize,
     /// Vector registers the accumulator may use.
     pub acc_registers: usize,
+    /// Vector registers the ISA has (32 zmm with AVX-512, 16 ymm with AVX2): the budget of a
+    /// tile with few other live values ([`crate::register_tile::choose_panel_tile`]).
+    pub vector_registers: usize,
     /// Threads the parallel loop should feed.
     pub threads: usize,
 }
@@ -23,6 +26,7 @@ impl CpuTarget {
         CpuTarget {
             vector_bytes: 32,
             acc_registers: 12,
+            vector_registers: 16,
             threads: 4,
         }
     }

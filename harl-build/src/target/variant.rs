@@ -41,15 +41,16 @@ impl Variant {
 
     /// What the default schedule plans for in this variant.
     pub fn cpu_target(self, arch: &str, threads: usize) -> CpuTarget {
-        let (vector_bytes, acc_registers) = match (self, arch) {
-            (Variant::Avx512, _) => (64, 16),
-            (Variant::Avx2, _) => (32, 12),
-            (Variant::Base, "aarch64") => (16, 24),
-            (Variant::Base, _) => (16, 12),
+        let (vector_bytes, acc_registers, vector_registers) = match (self, arch) {
+            (Variant::Avx512, _) => (64, 16, 32),
+            (Variant::Avx2, _) => (32, 12, 16),
+            (Variant::Base, "aarch64") => (16, 24, 32),
+            (Variant::Base, _) => (16, 12, 16),
         };
         CpuTarget {
             vector_bytes,
             acc_registers,
+            vector_registers,
             threads,
         }
     }
