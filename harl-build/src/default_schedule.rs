@@ -799,7 +799,24 @@ pub fn plan_tiles(graph: &Graph, s: usize, target: &CpuTarget) -> Option<TilePla
             reduction: r.extents[1..].iter().fold(kc, |n, &e| n.saturating_mul(e)),
             elem_bytes: elem_bytes(stage.dtype),
         };
-        crate::register_tile::choose(&problem, target)
+        let tile = crate::register_tile::choose(&problem, target);
+        // Without a window, a tile that needs more of the register file wins when the model
+        // rates it strictly faster: a row of 784 pixels is one vector wide (no two-vector
+        // width divides it), and 8 filters x 1 vector waits on its loads; 16 x 1 ran 4-25%
+        // faster (ResNet-50's 1x1 convolutions at 28x28, AVX-512, 1 thread, `harl-bench
+        // probe --against`, 2026-12-05). Ties keep `choose`'s tile (square GEMMs' 6 or 8 rows).
+        if crate::layout::windowed(stage) {
+            return tile;
+        }
+        let wide = crate::register_tile::choose_panel_tile(&problem, target);
+        let speed = |t: crate::register_tile::RegisterTile| {
+            crate::register_tile::throughput(&problem, target, t.rows, t.width)
+        };
+        if speed(wide) > speed(tile) + 1e-9 {
+            wide
+        } else {
+            tile
+        }
     });
     let nr = match tile {
         Some(t) => t.width,

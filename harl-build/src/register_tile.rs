@@ -130,13 +130,15 @@ const PANEL_TILE_RESERVED: usize = 4;
 /// tile, and each row is one broadcast of the activation. Only the broadcast and the panel's
 /// vectors live beside the accumulators, so the tile may fill the register file (28 of
 /// AVX-512's 32), rows as many as fit; among tiles of the model's best [`throughput`], the one
-/// with the most rows wins (each panel read then feeds more multiply-adds), then the width
-/// [`choose`] prefers. ResNet-50's 1x1 convolutions at 14x14 took 7 or 4 pixels x 2 vectors and
-/// ran at 98-114 GFLOP/s; 14 pixels x 2 vectors ran at 131-140, and 7 pixels x 4 vectors (as
-/// many accumulators, as few rows) gained nothing (AVX-512, 1 thread, `harl-bench probe
-/// --against`, hand-edited defaults in one sitting, 2026-12-05). A window (a 3x3
+/// of [`choose`]'s width with the most rows wins where the panel does not stay in L1 (each
+/// panel read then feeds more multiply-adds). ResNet-50's 1x1 convolutions at 14x14 took 7 or
+/// 4 pixels x 2 vectors and ran at 91-111 GFLOP/s; 14 pixels x 2 vectors ran at 121-138; 7
+/// pixels x 4 vectors (as many accumulators, as few rows) ran 4-9% slower than 4 x 2; with a
+/// 64-long reduction (an 8 KB panel) 14 rows ran 15% slower than 8 (AVX-512, 1 thread,
+/// `harl-bench probe --against`, 2026-12-05). A window (a 3x3
 /// convolution's taps) keeps more values live: 14 x 2 vectors spilled there and ran at 0.6x,
-/// so windowed tiles keep [`choose`].
+/// so windowed tiles keep [`choose`]. A plain tile without a window takes this tile only where
+/// the model rates it strictly faster (`default_schedule::plan_tiles`).
 pub fn choose_panel_tile(p: &TileProblem, target: &CpuTarget) -> RegisterTile {
     let lanes = lanes(p, target);
     let regs = target
@@ -144,7 +146,19 @@ pub fn choose_panel_tile(p: &TileProblem, target: &CpuTarget) -> RegisterTile {
         .saturating_sub(PANEL_TILE_RESERVED)
         .max(target.acc_registers)
         .max(1);
-    let mut best = choose(p, target);
+    let base = choose(p, target);
+    // The panel shares L1 with the activations its rows read along the reduction and with the
+    // output: past a quarter of it (an 8 KB panel gained nothing from more rows, a 16 KB one
+    // did), each row tile reads it again from further out.
+    let streamed = p
+        .reduction
+        .saturating_mul(base.width)
+        .saturating_mul(p.elem_bytes)
+        > L1_BYTES / 4;
+    // A width of whole vectors: MobileNet-V2's 24 filters (a vector and a half) ran 6% slower
+    // with 14 rows than with 8.
+    let whole = base.width.is_multiple_of(lanes);
+    let mut best = base;
     let mut best_key = (throughput(p, target, best.rows, best.width), best.rows);
     for width in divisors(p.vec_extent, regs * lanes) {
         for rows in divisors(p.row_extent, regs) {
@@ -152,10 +166,11 @@ pub fn choose_panel_tile(p: &TileProblem, target: &CpuTarget) -> RegisterTile {
                 continue;
             }
             let speed = throughput(p, target, rows, width);
-            // Strictly better: a tie with `choose`'s tile keeps its width preference.
-            if speed > best_key.0 + 1e-9
-                || ((speed - best_key.0).abs() <= 1e-9 && rows > best_key.1)
-            {
+            // At the same throughput, more rows of `choose`'s width, where its panel does not
+            // stay in L1 between row tiles.
+            let tie = (speed - best_key.0).abs() <= 1e-9;
+            let more_rows = tie && rows > best_key.1 && width == base.width && whole && streamed;
+            if speed > best_key.0 + 1e-9 || more_rows {
                 best = RegisterTile { rows, width };
                 best_key = (speed, rows);
             }
@@ -256,6 +271,19 @@ mod tests {
         // rows is no better, so the tile stays.
         let p = problem(2048, 49, 512);
         assert_eq!(choose_panel_tile(&p, &AVX512), choose(&p, &AVX512));
+        // A 64-long reduction's panel (8 KB) stays in L1: more rows gain nothing.
+        let p = problem(64, 56, 64);
+        assert_eq!(choose_panel_tile(&p, &AVX512), choose(&p, &AVX512));
+        // One vector is all that divides 784 pixels: 16 filters a tile beat 8.
+        let p = problem(784, 128, 256);
+        assert_eq!(choose(&p, &AVX512), RegisterTile { rows: 8, width: 16 });
+        assert_eq!(
+            choose_panel_tile(&p, &AVX512),
+            RegisterTile {
+                rows: 16,
+                width: 16
+            }
+        );
         // AVX2's 16 registers leave no room beyond `choose`'s budget.
         let p = problem(1024, 196, 256);
         assert_eq!(choose_panel_tile(&p, &AVX2), choose(&p, &AVX2));
