@@ -147,6 +147,11 @@ pub fn choose_panel_tile(p: &TileProblem, target: &CpuTarget) -> RegisterTile {
         .max(target.acc_registers)
         .max(1);
     let base = choose(p, target);
+    // With no registers beyond `choose`'s budget (AVX2's 16) its tile stands: larger tiles
+    // were measured only where the register file has room (AVX-512).
+    if regs <= target.acc_registers {
+        return base;
+    }
     // The panel shares L1 with the activations its rows read along the reduction and with the
     // output: past a quarter of it (an 8 KB panel gained nothing from more rows, a 16 KB one
     // did), each row tile reads it again from further out.
@@ -285,8 +290,13 @@ mod tests {
             }
         );
         // AVX2's 16 registers leave no room beyond `choose`'s budget.
-        let p = problem(1024, 196, 256);
-        assert_eq!(choose_panel_tile(&p, &AVX2), choose(&p, &AVX2));
+        for p in [
+            problem(1024, 196, 256),
+            problem(784, 96, 256),
+            problem(56, 192, 512),
+        ] {
+            assert_eq!(choose_panel_tile(&p, &AVX2), choose(&p, &AVX2));
+        }
     }
 
     #[test]
