@@ -130,6 +130,18 @@ pub fn measure_rotating(
     threads: usize,
     rounds: usize,
 ) -> Result<Vec<Vec<f64>>, Error> {
+    measure_rotating_flushed(graph, schedules, threads, rounds, 0)
+}
+
+/// [`measure_rotating`], writing `flush_bytes` of another buffer before each timed run
+/// (`MeasureConfig::flush_bytes`: weights and inputs cold, as in a network).
+pub fn measure_rotating_flushed(
+    graph: &Graph,
+    schedules: &[Schedule],
+    threads: usize,
+    rounds: usize,
+    flush_bytes: usize,
+) -> Result<Vec<Vec<f64>>, Error> {
     let n = schedules.len();
     let mut latencies = vec![Vec::new(); n];
     for round in 0..rounds.max(1) {
@@ -138,7 +150,12 @@ pub fn measure_rotating(
             .iter()
             .map(|&k| Candidate::Schedule(schedules[k].clone()))
             .collect();
-        let mut m = full_measurer(threads, round as u64)?;
+        let mut m = Measurer::new(MeasureConfig {
+            slow_cutoff: 0.0,
+            relative_timeout: 0.0,
+            flush_bytes,
+            ..measure_config(threads, round as u64)
+        })?;
         for (pos, r) in m.measure(graph, &batch).into_iter().enumerate() {
             latencies[order[pos]].extend(r.latency_s);
         }

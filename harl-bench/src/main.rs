@@ -128,6 +128,10 @@ enum Command {
         /// Also time the schedule in this file (JSON, from `--save-default`), named by the file.
         #[arg(long)]
         against: Vec<PathBuf>,
+        /// Write 64 MB of another buffer before each timed run: weights and inputs come from
+        /// memory, as in a network, instead of the caches the last run left warm.
+        #[arg(long)]
+        cold: bool,
     },
     /// harl's vector math (exp, log, tanh, erf, GELU) in emitted kernels against the scalar
     /// libm loop harl emitted before, one thread, interleaved rounds.
@@ -207,6 +211,7 @@ fn run(command: Command) -> Result<(), Error> {
             emit,
             save_default,
             against,
+            cold,
         } => probe::run(&probe::Probe {
             workload: &workload,
             threads,
@@ -214,6 +219,7 @@ fn run(command: Command) -> Result<(), Error> {
             emit: emit.as_deref(),
             save_default: save_default.as_deref(),
             against: &against,
+            cold,
         }),
         Command::Summarize { dir } => summarize::run(&dir),
         Command::CompareSummary(c) => {

@@ -6,7 +6,7 @@
 //! schedules that should run alike shows whether it comes from the code or from where in a
 //! batch a candidate was timed.
 
-use crate::harness::{host_target, measure_rotating};
+use crate::harness::{host_target, measure_rotating_flushed};
 use crate::suite;
 use crate::Error;
 use harl_build::default_schedule::default_schedule;
@@ -26,7 +26,12 @@ pub struct Probe<'a> {
     pub save_default: Option<&'a std::path::Path>,
     /// Schedules (JSON) to time beside the default, each named by its file.
     pub against: &'a [std::path::PathBuf],
+    /// Evict the caches before each timed run (weights and inputs cold, as in a network).
+    pub cold: bool,
 }
+
+/// Bytes written before each timed run with `--cold`: twice a 32 MB L3.
+const COLD_FLUSH_BYTES: usize = 64 << 20;
 
 /// The graph of the task named `name` (its `name` or `kernel` field) in a task list such as
 /// `e2e`'s `tasks.json` or `tuning-cache/networks/<net>.json`.
@@ -100,7 +105,8 @@ pub fn run(p: &Probe<'_>) -> Result<(), Error> {
         write_sources(dir, &graph, &named)?;
     }
     let schedules: Vec<_> = named.iter().map(|(_, s)| s.clone()).collect();
-    let latencies = measure_rotating(&graph, &schedules, threads, rounds)?;
+    let flush = if p.cold { COLD_FLUSH_BYTES } else { 0 };
+    let latencies = measure_rotating_flushed(&graph, &schedules, threads, rounds, flush)?;
     let flops = graph.flops();
     println!("| schedule | median GFLOP/s | min | max | runs |\n|---|---|---|---|---|");
     for ((name, _), mut l) in named.into_iter().zip(latencies) {

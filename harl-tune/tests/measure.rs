@@ -39,6 +39,7 @@ fn config() -> MeasureConfig {
         relative_timeout: 0.0,
         build_timeout: Duration::from_secs(10 * 60),
         variant: None,
+        flush_bytes: 0,
     }
 }
 
@@ -170,6 +171,28 @@ fn a_first_call_setup_cost_is_not_the_measurement() {
     assert!(
         got[0].latency_s.is_some_and(|l| l < 0.02),
         "the first call's setup was timed: {:?}",
+        got[0]
+    );
+}
+
+/// With `flush_bytes`, caches are evicted before each timed run, and that eviction is not
+/// part of the measurement: a kernel far shorter than the flush is still timed as itself,
+/// the result still checked, and the run count still reaches `min_repeats`.
+#[test]
+fn a_flushed_measurement_times_the_kernel_not_the_flush() {
+    let graph = w::matmul(48, 64, 40).expect("matmul");
+    let body = "for i in 0..48 {\n        for j in 0..40 {\n            out[i * 40 + j] = (0..64).map(|k| a[i * 64 + k] * b[k * 40 + j]).sum();\n        }\n    }\n    Ok(())";
+    let mut m = Measurer::new(MeasureConfig {
+        flush_bytes: 128 << 20,
+        ..config()
+    })
+    .expect("measurer");
+    let got = m.measure(&graph, &[raw(body)]);
+    assert!(got[0].is_ok() && got[0].runs >= 3, "{:?}", got[0]);
+    // Writing 128 MiB takes several milliseconds on any machine; the kernel, microseconds.
+    assert!(
+        got[0].latency_s.is_some_and(|l| l < 0.002),
+        "the flush was timed: {:?}",
         got[0]
     );
 }

@@ -106,7 +106,16 @@ pub struct MeasureConfig {
     /// lower than its own, as `HARL_ISA` lowers what the runtime dispatches to (AVX2 records
     /// made on an AVX-512 machine). `None`: the host's.
     pub variant: Option<Variant>,
+    /// Before each timed run, write this many bytes of another buffer (0: none), so that the
+    /// kernel's weights and inputs come from memory rather than from the caches the previous
+    /// run left warm: a network's tasks run that way (ResNet-50's weights are about 100 MB,
+    /// and each task's were last touched a whole pass ago). Warm timing overstated a tile
+    /// change that ran 1.2-1.35x faster alone and did not move the network.
+    pub flush_bytes: usize,
 }
+
+/// The worker's environment variable that carries [`MeasureConfig::flush_bytes`].
+const FLUSH_ENV: &str = "HARL_MEASURE_FLUSH_BYTES";
 
 impl MeasureConfig {
     /// A configuration with defaults: all available cores, a 10 s timeout, timing for at least
@@ -129,6 +138,7 @@ impl MeasureConfig {
             relative_timeout: 100.0,
             build_timeout: Duration::from_secs(10 * 60),
             variant: None,
+            flush_bytes: 0,
         }
     }
 }
@@ -927,6 +937,7 @@ impl Measurer {
             .arg(format!("{cutoff_s:e}"))
             .env_remove("HARL_ISA")
             .envs(self.isa_override())
+            .env(FLUSH_ENV, c.flush_bytes.to_string())
             .env("RUST_BACKTRACE", "0")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -1563,11 +1574,13 @@ fn real_main(args: &[String]) -> Result<String, String> {
         points.push((i, r.f64()?));
     }
     let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().map_err(|e| e.to_string())?;
-    let timing = Timing { min_time, min_repeats, warmup, cutoff };
+    // Bytes written between timed runs (`MeasureConfig::flush_bytes`); absent or bad: none.
+    let flush = std::env::var("HARL_MEASURE_FLUSH_BYTES").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(0);
+    let timing = Timing { min_time, min_repeats, warmup, cutoff, flush };
     Ok(pool.install(|| measure(kernel, &inputs, out_len, tol, &points, &timing)))
 }
 
-struct Timing { min_time: std::time::Duration, min_repeats: usize, warmup: usize, cutoff: f64 }
+struct Timing { min_time: std::time::Duration, min_repeats: usize, warmup: usize, cutoff: f64, flush: usize }
 
 /// Everything wrong with the buffers after a run, if anything.
 fn damage(inputs: &Inputs, pristine: &Inputs, out: &Guarded<Out>) -> Option<String> {
@@ -1640,11 +1653,28 @@ fn measure(
         }
     }
     let mut times = Vec::new();
+    let mut flush = vec![0u8; timing.flush];
+    let mut timed = std::time::Duration::ZERO;
     let start = std::time::Instant::now();
-    while times.is_empty() || times.len() < timing.min_repeats || start.elapsed() < timing.min_time {
+    // With a flush, the time budget counts the timed runs only, so flushing does not cut
+    // their number; a wall-clock cap of ten budgets keeps a tiny kernel behind a large flush
+    // from running into the timeout.
+    let more = |timed: std::time::Duration| if timing.flush > 0 {
+        timed < timing.min_time && start.elapsed() < timing.min_time * 10
+    } else {
+        start.elapsed() < timing.min_time
+    };
+    while times.is_empty() || times.len() < timing.min_repeats || more(timed) {
+        // One write a cache line evicts what the last run left warm (not timed).
+        for (k, line) in flush.chunks_mut(64).enumerate() {
+            line[0] = line[0].wrapping_add(k as u8 | 1);
+        }
+        std::hint::black_box(&mut flush);
         let t = std::time::Instant::now();
         let _ = call(kernel, inputs, out.inner_mut());
-        times.push(t.elapsed().as_secs_f64());
+        let took = t.elapsed();
+        timed += took;
+        times.push(took.as_secs_f64());
         std::hint::black_box(&mut out);
         if times.len() == 1 && slow(times[0]) {
             break;
