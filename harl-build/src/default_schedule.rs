@@ -75,11 +75,17 @@ fn schedule_with(graph: &Graph, target: &CpuTarget, overrides: &[(usize, TilePla
             Err(_) if options.layouts => options.layouts = false,
             Err(_) if options.lanes => options.lanes = false,
             _ => {
+                let lowers = lowered.is_ok();
+                let schedule = if lowers {
+                    crate::layout::pack_panels(graph, schedule)
+                } else {
+                    schedule
+                };
                 return Planned {
                     schedule,
                     tiles,
-                    lowers: lowered.is_ok(),
-                }
+                    lowers,
+                };
             }
         }
     }
@@ -613,7 +619,9 @@ fn renumber(step: Step, f: &dyn Fn(usize) -> usize) -> Step {
         | Step::SharedRead { stage, .. }
         | Step::BindBlock { stage, .. }
         | Step::BindThread { stage, .. } => *stage = f(*stage),
-        Step::ComputeAt { stage, target, .. } | Step::ComputeWithin { stage, target, .. } => {
+        Step::ComputeAt { stage, target, .. }
+        | Step::ComputeWithin { stage, target, .. }
+        | Step::PackAt { stage, target, .. } => {
             *stage = f(*stage);
             *target = f(*target);
         }

@@ -93,6 +93,13 @@ enum Attach {
         at: usize,
         step: usize,
     },
+    /// A panel copy computed one panel at a time at the top of loop `at` of its reader
+    /// `target` ([`Step::PackAt`]); it keeps its own loops past its panel axis.
+    Packed {
+        target: usize,
+        at: usize,
+        step: usize,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -324,7 +331,7 @@ impl Lowering {
             .get(s)
             .ok_or_else(|| format!("stage {s} does not exist"))?;
         match st.attach {
-            Attach::Root | Attach::Within { .. } => {}
+            Attach::Root | Attach::Within { .. } | Attach::Packed { .. } => {}
             Attach::Inline => return Err(format!("stage {s} is inlined and has no loops")),
             Attach::At { .. } => {
                 return Err(format!(
@@ -432,6 +439,27 @@ impl Lowering {
                 // The rest is checked once every step has applied (`check_within`): later
                 // steps may still change either stage's loops.
                 self.stages[c].attach = Attach::Within {
+                    target: *target,
+                    at: *at,
+                    step: index,
+                };
+                self.attached.entry((*target, *at)).or_default().push(c);
+                Ok(())
+            }
+            Step::PackAt { stage, target, at } => {
+                let c = *stage;
+                if c >= *target {
+                    return Err(format!("stage {c} is not a copy that stage {target} reads"));
+                }
+                self.check_loop(*target, *at)?;
+                if self.stages[*target].attach != Attach::Root {
+                    return Err(format!("target stage {target} is not at the root"));
+                }
+                if self.stages[c].attach != Attach::Root {
+                    return Err(format!("stage {c} is already attached or inlined"));
+                }
+                // The rest is checked once every step has applied (`check_packed`).
+                self.stages[c].attach = Attach::Packed {
                     target: *target,
                     at: *at,
                     step: index,
@@ -904,6 +932,10 @@ impl Lowering {
                 self.check_within(c, target, at)
                     .map_err(|why| (step, why))?;
             }
+            if let Attach::Packed { target, at, step } = st.attach {
+                self.check_packed(c, target, at)
+                    .map_err(|why| (step, why))?;
+            }
         }
         for (c, st) in self.stages.iter().enumerate() {
             let Attach::At {
@@ -1093,6 +1125,166 @@ impl Lowering {
         bad.map_or(Ok(()), Err)
     }
 
+    /// The axis of `target` whose value picks the panel of copy `c` it reads, and the panel
+    /// width: every read of `c` in `target` is `[Axis(a) / w, .., Axis(a) % w]` (`w` the
+    /// copy's last extent), as `cache_read` with panels writes it.
+    fn panel_axis(&self, c: usize, target: usize) -> Result<(usize, usize), String> {
+        let cs = &self.graph.stages[c];
+        let width = cs.shape.last().copied().unwrap_or(0);
+        let n_spatial = self.graph.stages[target].n_spatial();
+        let w = Expr::int(width as i64);
+        let mut axis = None;
+        let mut bad = false;
+        for idx in stage_reads(&self.graph.stages[target].body, c) {
+            let (Some(first), Some(last)) = (idx.first(), idx.last()) else {
+                bad = true;
+                continue;
+            };
+            let a = match (first, last) {
+                (Expr::Binary(BinaryOp::Div, e, d), Expr::Binary(BinaryOp::Rem, f, r))
+                    if e == f && **d == w && **r == w =>
+                {
+                    match **e {
+                        Expr::Axis(a) if a < n_spatial => Some(a),
+                        _ => None,
+                    }
+                }
+                _ => None,
+            };
+            match (a, axis) {
+                (Some(a), None) => axis = Some(a),
+                (Some(a), Some(b)) if a == b => {}
+                _ => bad = true,
+            }
+        }
+        match axis {
+            Some(a) if !bad && cs.shape.len() >= 2 && width > 0 => Ok((a, width)),
+            _ => Err(format!(
+                "stage {target} reads stage {c} other than by panels of one spatial axis"
+            )),
+        }
+    }
+
+    /// Checks a [`Step::PackAt`] of copy `c` in loop `at` of `target` against the final state
+    /// (see the step's documentation for the rules).
+    fn check_packed(&self, c: usize, target: usize, at: usize) -> Result<(), String> {
+        let cs = &self.graph.stages[c];
+        let (st, tst) = (&self.stages[c], &self.stages[target]);
+        let has_stage_load = cs
+            .body
+            .loads()
+            .iter()
+            .any(|t| matches!(t, TensorRef::Stage(_)));
+        if cs.reduce.is_some() || has_stage_load {
+            return Err(format!("stage {c} is not a copy of a graph input"));
+        }
+        let other_reader = (0..self.graph.stages.len()).any(|x| {
+            x != target
+                && self.stages[x].attach != Attach::Inline
+                && !stage_reads(&self.graph.stages[x].body, c).is_empty()
+        });
+        if other_reader {
+            return Err(format!("stage {c} has readers other than stage {target}"));
+        }
+        let (a, width) = self.panel_axis(c, target)?;
+        let loops = tst.loops.get(..=at).ok_or_else(|| {
+            format!(
+                "stage {target} has {} loops once scheduled; there is no loop {at} to pack in",
+                tst.loops.len()
+            )
+        })?;
+        if tst.loops.iter().any(|l| l.kind.is_gpu()) || !tst.shared.is_empty() {
+            return Err("pack_at is for CPU nests".into());
+        }
+        if tst.cache_write.is_some_and(|p| at > p) {
+            return Err(format!(
+                "loop {at} of stage {target} is inside its accumulator block; pack at or outside it"
+            ));
+        }
+        let (bound, inner) = self.panel_parts(target, a, at);
+        if tst.nodes.iter().any(|n| n.axis == a && n.overrun) {
+            return Err(format!("axis {a} of stage {target} has a remainder guard"));
+        }
+        let inner_span = inner
+            .iter()
+            .map(|&n| (tst.nodes[n].extent - 1).saturating_mul(tst.nodes[n].stride))
+            .fold(0usize, usize::saturating_add);
+        let whole = bound
+            .iter()
+            .all(|&n| tst.nodes[n].stride.is_multiple_of(width));
+        if !whole || inner_span >= width || loops.iter().any(|l| l.kind.is_gpu()) {
+            return Err(format!(
+                "loops 0..={at} of stage {target} do not fix one panel of {width} along axis {a}"
+            ));
+        }
+        let plain = st.loops.first().is_some_and(|l| {
+            l.parts == [0] && st.nodes[0].children.is_empty() && l.kind == LoopKind::Serial
+        });
+        if !plain
+            || st
+                .loops
+                .iter()
+                .any(|l| l.kind == LoopKind::Parallel || l.kind.is_gpu())
+            || !st.shared.is_empty()
+            || st.cache_write.is_some()
+        {
+            return Err(format!(
+                "stage {c}'s loop 0 must be its panel axis, unsplit and serial, and none of its loops parallel"
+            ));
+        }
+        if self.attached.get(&(c, 0)).is_some_and(|v| !v.is_empty()) {
+            return Err(format!(
+                "a stage is attached at loop 0 of stage {c}, which stage {target}'s loops replace"
+            ));
+        }
+        Ok(())
+    }
+
+    /// The leaves of axis `a` of stage `s` bound by loops `0..=at`, and the others.
+    fn panel_parts(&self, s: usize, a: usize, at: usize) -> (Vec<NodeId>, Vec<NodeId>) {
+        let st = &self.stages[s];
+        let mut leaves = Vec::new();
+        st.leaves(a, &mut leaves);
+        leaves.into_iter().partition(|leaf| {
+            st.loops
+                .iter()
+                .position(|l| l.parts.contains(leaf))
+                .is_some_and(|p| p <= at)
+        })
+    }
+
+    /// Copy `c`'s panel at the top of loop `pos` of its reader `s`: its panel index bound from
+    /// the reader's loops outside (`check_packed` proved it fixed there), then its own loops.
+    fn emit_packed(
+        &mut self,
+        s: usize,
+        pos: usize,
+        c: usize,
+        env: &HashMap<NodeId, usize>,
+    ) -> Result<Vec<Stmt>, (usize, String)> {
+        let step = match self.stages[c].attach {
+            Attach::Packed { step, .. } => step,
+            _ => 0,
+        };
+        let (a, width) = self.panel_axis(c, s).map_err(|why| (step, why))?;
+        let (bound, _) = self.panel_parts(s, a, pos);
+        let mut value = Expr::int(0);
+        for leaf in bound {
+            let var = env.get(&leaf).copied().ok_or((
+                step,
+                format!("a part of axis {a} of stage {s} is not bound"),
+            ))?;
+            let panels = self.stages[s].nodes[leaf].stride / width;
+            value = value + Expr::Axis(var) * Expr::int(panels as i64);
+        }
+        let panels = self.graph.stages[c].shape.first().copied().unwrap_or(1);
+        let var = self.new_var(panels);
+        let mut env_c = HashMap::from([(0, var)]);
+        let mut body = vec![Stmt::Let { var, value }];
+        body.extend(self.emit_loops(c, 1, &mut env_c, &mut Vec::new())?);
+        Ok(body)
+    }
+
     fn new_var(&mut self, extent: usize) -> usize {
         self.var_extents.push(extent);
         self.var_extents.len() - 1
@@ -1109,7 +1301,14 @@ impl Lowering {
         if !placed || st.reduces_outside(pos) {
             return None;
         }
-        let [c] = self.attached.get(&(s, pos))?.as_slice() else {
+        let consumers: Vec<usize> = self
+            .attached
+            .get(&(s, pos))?
+            .iter()
+            .copied()
+            .filter(|&c| !matches!(self.stages[c].attach, Attach::Packed { .. }))
+            .collect();
+        let [c] = consumers.as_slice() else {
             return None;
         };
         if st.loops.iter().any(|l| l.kind.is_gpu())
@@ -1174,6 +1373,12 @@ impl Lowering {
                 if !outside {
                     fold[m] = k;
                 }
+            }
+        }
+        // A panel copy holds the one panel its reader's iteration reads (`check_packed`).
+        for (c, st) in self.stages.iter().enumerate() {
+            if matches!(st.attach, Attach::Packed { .. }) && buffers[c] {
+                fold[c] = 1;
             }
         }
         fold
@@ -1262,10 +1467,15 @@ impl Lowering {
         if let Some(consumers) = self.attached.get(&(s, pos)).cloned() {
             let forwarded = self.forward.get(s).copied().flatten();
             for c in consumers.into_iter().filter(|&c| Some(c) != forwarded) {
-                if matches!(self.stages[c].attach, Attach::Within { .. }) {
-                    inner.extend(self.emit_within(s, pos, c, env)?);
-                } else {
-                    inner.extend(self.emit_epilogue(s, pos, c, env));
+                match self.stages[c].attach {
+                    Attach::Within { .. } => inner.extend(self.emit_within(s, pos, c, env)?),
+                    // A panel copy runs first, before the loops that read it.
+                    Attach::Packed { .. } => {
+                        let mut body = self.emit_packed(s, pos, c, env)?;
+                        body.append(&mut inner);
+                        inner = body;
+                    }
+                    _ => inner.extend(self.emit_epilogue(s, pos, c, env)),
                 }
             }
         }

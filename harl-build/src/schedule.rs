@@ -65,6 +65,26 @@ pub enum Step {
         /// Loop position in the target: the last of its leading-axis loops.
         at: usize,
     },
+    /// Computes the panel copy `stage` (a [`Step::CacheRead`] with panels, of an input the
+    /// kernel gets on every call) one panel at a time inside loop `at` of its reader `target`,
+    /// into a buffer of one panel per thread: the copy is read from L1 right after it is made,
+    /// where a copy of the whole input before the reader's nest went through memory and back
+    /// (a 3.2 MB activation for a 1x1 convolution at 56x56).
+    ///
+    /// The reader must read the copy only at its own axis `a` (`[a / panel, .., a % panel]`,
+    /// as `cache_read` writes it); loops `0..=at` of `target` must fix the panel, that is, the
+    /// parts of axis `a` bound there step in whole panels and the parts inside `at` span less
+    /// than one, with no remainder guard on `a`; `at` is at or outside the target's
+    /// accumulator block. The copy's loop 0 is its panel axis, unsplit and serial, and none
+    /// of its loops is parallel.
+    PackAt {
+        /// The panel copy.
+        stage: usize,
+        /// Its reader, a root stage.
+        target: usize,
+        /// Loop position in the reader.
+        at: usize,
+    },
     /// Inlines an elementwise stage into its consumers (it gets no buffer or loop of its own).
     ComputeInline {
         /// Stage index.

@@ -731,3 +731,109 @@ fn a_depthwise_convolutions_bias_and_relu6_are_computed_in_its_write_back() {
         }
     }
 }
+
+/// `C = A x B` with B read through a panel copy (`[n / p, k, p]`) whose reader's column loop
+/// is split into panels, its loops in `order` (of `[m, n / p, p, k]`), and the copy packed at
+/// loop `at` of the reader.
+fn packed(m: usize, k: usize, n: usize, p: usize, order: Vec<usize>, at: usize) -> Schedule {
+    let _ = (m, k, n);
+    Schedule {
+        steps: vec![
+            Step::CacheRead {
+                stage: 0,
+                input: 1,
+                order: vec![0, 1],
+                panel: Some(p),
+            },
+            Step::Split {
+                stage: 1,
+                at: 1,
+                factors: vec![p],
+            },
+            Step::Reorder { stage: 1, order },
+            Step::PackAt {
+                stage: 0,
+                target: 1,
+                at,
+            },
+        ],
+    }
+}
+
+/// A panel copy packed where its reader's loops fix the panel holds one panel (folded) and
+/// computes what the interpreter computes; packed where they do not, it is refused.
+#[test]
+fn a_panel_copy_packed_in_its_reader_holds_one_panel() {
+    let g = matmul(5, 7, 12, true);
+    // [m, n/p, p, k]: loop 1 fixes the panel.
+    let ok = packed(5, 7, 12, 4, vec![0, 1, 2, 3], 1);
+    check(&g, &ok, 11);
+    let program = lower(&g, &ok).expect("lowers");
+    assert_eq!(program.fold[0], 1);
+    assert_eq!(program.buffer_len(0), 7 * 4);
+    // Panel loop outside the rows: still one panel an iteration.
+    check(&g, &packed(5, 7, 12, 4, vec![1, 0, 2, 3], 1), 12);
+    // Loop 0 (the rows) does not fix it; nor does a loop past the panel's columns split
+    // across it.
+    for bad in [
+        packed(5, 7, 12, 4, vec![0, 1, 2, 3], 0),
+        packed(5, 7, 12, 4, vec![0, 2, 1, 3], 1),
+    ] {
+        assert!(lower(&g, &bad).is_err(), "{:?}", bad.steps);
+    }
+    // A parallel copy, or one packed at a loop inside the accumulator block, is refused.
+    let mut parallel = ok.clone();
+    parallel.steps.insert(3, Step::Parallel { stage: 0, at: 0 });
+    assert!(lower(&g, &parallel).is_err());
+    let mut inside = packed(5, 7, 12, 4, vec![0, 1, 2, 3], 2);
+    inside.steps.insert(3, Step::CacheWrite { stage: 1, at: 1 });
+    assert!(lower(&g, &inside).is_err());
+    // A stage that is not a panel copy of its reader cannot be packed.
+    let plain = Schedule {
+        steps: vec![Step::PackAt {
+            stage: 0,
+            target: 1,
+            at: 0,
+        }],
+    };
+    assert!(lower(&g, &plain).is_err());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(96))]
+
+    /// Wherever the lowering accepts a packed panel copy, the kernel computes what the
+    /// interpreter computes (any loop order, any packing loop, with or without an epilogue,
+    /// an accumulator block and a parallel outer loop).
+    #[test]
+    fn packed_panel_copies_compute_the_same(
+        m in 1usize..7,
+        k in 1usize..10,
+        panels in 1usize..4,
+        p in 1usize..7,
+        perm in 0usize..24,
+        at in 0usize..4,
+        cache_write in proptest::option::of(0usize..4),
+        parallel in any::<bool>(),
+        epilogue in any::<bool>(),
+    ) {
+        let n = panels * p;
+        let g = matmul(m, k, n, epilogue);
+        let mut order: Vec<usize> = (0..4).collect();
+        let mut r = perm;
+        for i in (1..4).rev() {
+            order.swap(i, r % (i + 1));
+            r /= i + 1;
+        }
+        let mut s = packed(m, k, n, p, order, at);
+        if let Some(cw) = cache_write {
+            s.steps.insert(3, Step::CacheWrite { stage: 1, at: cw });
+        }
+        if parallel {
+            s.steps.insert(3, Step::Parallel { stage: 1, at: 0 });
+        }
+        if lower(&g, &s).is_ok() {
+            check(&g, &s, (m * 31 + k * 7 + n) as u64);
+        }
+    }
+}

@@ -112,6 +112,11 @@ pub enum FuzzStep {
         target: Num,
         at: Num,
     },
+    PackAt {
+        stage: Num,
+        target: Num,
+        at: Num,
+    },
     ComputeInline {
         stage: Num,
     },
@@ -179,6 +184,11 @@ impl FuzzStep {
                 at: at.0,
             },
             FuzzStep::ComputeWithin { stage, target, at } => Step::ComputeWithin {
+                stage: stage.0,
+                target: target.0,
+                at: at.0,
+            },
+            FuzzStep::PackAt { stage, target, at } => Step::PackAt {
                 stage: stage.0,
                 target: target.0,
                 at: at.0,
