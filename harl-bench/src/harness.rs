@@ -68,13 +68,18 @@ fn measurer(threads: usize, seed: u64) -> Result<Measurer, Error> {
     Ok(Measurer::new(measure_config(threads, seed))?)
 }
 
-/// A measurer that times every candidate in full (no one-run cutoff, no relative timeout).
-pub fn full_measurer(threads: usize, seed: u64) -> Result<Measurer, Error> {
-    Ok(Measurer::new(MeasureConfig {
+/// Settings that time every candidate in full (no one-run cutoff, no relative timeout).
+fn full_config(threads: usize, seed: u64) -> MeasureConfig {
+    MeasureConfig {
         slow_cutoff: 0.0,
         relative_timeout: 0.0,
         ..measure_config(threads, seed)
-    })?)
+    }
+}
+
+/// A measurer that times every candidate in full (no one-run cutoff, no relative timeout).
+pub fn full_measurer(threads: usize, seed: u64) -> Result<Measurer, Error> {
+    Ok(Measurer::new(full_config(threads, seed))?)
 }
 
 /// The ISA variant the bench tunes and measures: this machine's, or the lower one `HARL_ISA`
@@ -151,10 +156,8 @@ pub fn measure_rotating_flushed(
             .map(|&k| Candidate::Schedule(schedules[k].clone()))
             .collect();
         let mut m = Measurer::new(MeasureConfig {
-            slow_cutoff: 0.0,
-            relative_timeout: 0.0,
             flush_bytes,
-            ..measure_config(threads, round as u64)
+            ..full_config(threads, round as u64)
         })?;
         for (pos, r) in m.measure(graph, &batch).into_iter().enumerate() {
             latencies[order[pos]].extend(r.latency_s);

@@ -429,43 +429,27 @@ impl Lowering {
                         "stage {c} cannot be computed within stage {target}"
                     ));
                 }
-                self.check_loop(*target, *at)?;
-                if self.stages[*target].attach != Attach::Root {
-                    return Err(format!("target stage {target} is not at the root"));
-                }
-                if self.stages[c].attach != Attach::Root {
-                    return Err(format!("stage {c} is already attached or inlined"));
-                }
                 // The rest is checked once every step has applied (`check_within`): later
                 // steps may still change either stage's loops.
-                self.stages[c].attach = Attach::Within {
+                let within = Attach::Within {
                     target: *target,
                     at: *at,
                     step: index,
                 };
-                self.attached.entry((*target, *at)).or_default().push(c);
-                Ok(())
+                self.attach_in_loop(c, *target, *at, within)
             }
             Step::PackAt { stage, target, at } => {
                 let c = *stage;
                 if c >= *target {
                     return Err(format!("stage {c} is not a copy that stage {target} reads"));
                 }
-                self.check_loop(*target, *at)?;
-                if self.stages[*target].attach != Attach::Root {
-                    return Err(format!("target stage {target} is not at the root"));
-                }
-                if self.stages[c].attach != Attach::Root {
-                    return Err(format!("stage {c} is already attached or inlined"));
-                }
                 // The rest is checked once every step has applied (`check_packed`).
-                self.stages[c].attach = Attach::Packed {
+                let packed = Attach::Packed {
                     target: *target,
                     at: *at,
                     step: index,
                 };
-                self.attached.entry((*target, *at)).or_default().push(c);
-                Ok(())
+                self.attach_in_loop(c, *target, *at, packed)
             }
             Step::CacheWrite { stage, at } => {
                 self.check_loop(*stage, *at)?;
@@ -711,6 +695,27 @@ impl Lowering {
         });
         final_stage.body = Expr::Load(TensorRef::Stage(s), idx);
         self.stages[s + 1] = StageState::new(&self.graph.stages[s + 1].axis_extents(), n);
+        Ok(())
+    }
+
+    /// Runs root stage `c` in loop `at` of root stage `target` as `attach` says (compute_within,
+    /// pack_at); what depends on the final loops is checked once every step has applied.
+    fn attach_in_loop(
+        &mut self,
+        c: usize,
+        target: usize,
+        at: usize,
+        attach: Attach,
+    ) -> Result<(), String> {
+        self.check_loop(target, at)?;
+        if self.stages[target].attach != Attach::Root {
+            return Err(format!("target stage {target} is not at the root"));
+        }
+        if self.stages[c].attach != Attach::Root {
+            return Err(format!("stage {c} is already attached or inlined"));
+        }
+        self.stages[c].attach = attach;
+        self.attached.entry((target, at)).or_default().push(c);
         Ok(())
     }
 
@@ -1187,12 +1192,12 @@ impl Lowering {
             return Err(format!("stage {c} has readers other than stage {target}"));
         }
         let (a, width) = self.panel_axis(c, target)?;
-        let loops = tst.loops.get(..=at).ok_or_else(|| {
-            format!(
+        if at >= tst.loops.len() {
+            return Err(format!(
                 "stage {target} has {} loops once scheduled; there is no loop {at} to pack in",
                 tst.loops.len()
-            )
-        })?;
+            ));
+        }
         if tst.loops.iter().any(|l| l.kind.is_gpu()) || !tst.shared.is_empty() {
             return Err("pack_at is for CPU nests".into());
         }
@@ -1212,7 +1217,7 @@ impl Lowering {
         let whole = bound
             .iter()
             .all(|&n| tst.nodes[n].stride.is_multiple_of(width));
-        if !whole || inner_span >= width || loops.iter().any(|l| l.kind.is_gpu()) {
+        if !whole || inner_span >= width {
             return Err(format!(
                 "loops 0..={at} of stage {target} do not fix one panel of {width} along axis {a}"
             ));

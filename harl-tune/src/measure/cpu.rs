@@ -1736,6 +1736,12 @@ fn encode_data(graph: &Graph, r: &ReferenceData) -> Result<Vec<u8>, String> {
 mod tests {
     use super::*;
 
+    /// The worker's source reads the flush size under the name the measurer sets.
+    #[test]
+    fn the_worker_reads_the_flush_variable_the_measurer_sets() {
+        assert!(WORKER_HARNESS.contains(&format!("std::env::var(\"{FLUSH_ENV}\")")));
+    }
+
     #[cfg(target_os = "linux")]
     #[test]
     fn a_timed_out_build_group_dies_with_its_children() {
