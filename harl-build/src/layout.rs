@@ -564,6 +564,22 @@ mod tests {
         b.finish().expect("graph")
     }
 
+    /// A 1x1 convolution of stride 1 in four dimensions, as built: `finish` would merge its
+    /// pixels (`harl_te::merge`), but a graph read from a record or a dataset keeps this form.
+    fn pointwise_4d(c: usize, hw: usize, f: usize) -> Graph {
+        let mut b = harl_te::GraphBuilder::new();
+        let x = b.input("x", &[1, c, hw, hw], harl_te::DType::F32);
+        let wt = b.input("w", &[f, c, 1, 1], harl_te::DType::F32);
+        let p = harl_te::ops::Conv2dParams {
+            stride: (1, 1),
+            pad: (0, 0),
+            dilation: (1, 1),
+            groups: 1,
+        };
+        harl_te::ops::conv2d(&mut b, x, wt, p).expect("conv2d");
+        b.graph().clone()
+    }
+
     /// The activation's panels are copied inside the convolution's loop over them, once
     /// each, into one panel per thread; the weights' copy is `prepare`'s, never packed.
     #[test]
@@ -608,7 +624,7 @@ mod tests {
     /// filters reuse it; not with few filters, not when the channels are already there.
     #[test]
     fn convolution_inputs_are_read_in_rows() {
-        let g = w::conv2d(1, 4, 7, 7, 256, 1, 1, 1, 0, 1, 1).expect("conv2d");
+        let g = pointwise_4d(4, 7, 256);
         let s = g.stages.len() - 1;
         let l = row_copy(&g, s, None).expect("a row copy");
         assert_eq!((l.input, l.order, l.panel), (0, vec![0, 2, 1, 3], None));
@@ -628,7 +644,7 @@ mod tests {
             })
             .collect();
         assert_eq!(copies, vec![1, 0], "{steps:?}");
-        let few = w::conv2d(1, 4, 7, 7, 64, 1, 1, 1, 0, 1, 1).expect("conv2d");
+        let few = pointwise_4d(4, 7, 64);
         assert!(
             row_copy(&few, few.stages.len() - 1, None).is_none(),
             "64 filters"
@@ -654,7 +670,7 @@ mod tests {
         let s = g.stages.len() - 1;
         let l = layout_choice(&g, s, &avx2).expect("a filter layout");
         assert_eq!((l.input, l.vec_axis), (1, 1));
-        let mut p = w::conv2d(1, 64, 56, 56, 64, 1, 1, 1, 0, 1, 1).expect("conv2d");
+        let mut p = pointwise_4d(64, 56, 64);
         p.inputs[1].constant = true;
         assert!(layout_choice(&p, p.stages.len() - 1, &avx2).is_none());
     }

@@ -884,10 +884,13 @@ impl GraphBuilder {
     pub fn graph(&self) -> &Graph {
         &self.graph
     }
-    /// Validates and returns the graph.
+    /// Validates and returns the graph, in its canonical view: trailing axes that every access
+    /// reads contiguously merged where that makes a reduction a product over a long axis
+    /// ([`crate::merge::merge_trailing_axes`]; a 1x1 convolution over its flattened pixels).
+    /// The view keeps every tensor's elements in order, so buffers and results are unchanged.
     pub fn finish(self) -> Result<Graph, GraphError> {
         self.graph.validate()?;
-        Ok(self.graph)
+        Ok(crate::merge::merge_trailing_axes(self.graph))
     }
 }
 

@@ -14,6 +14,7 @@ pub mod expr;
 pub mod graph;
 pub mod interp;
 pub mod limits;
+pub mod merge;
 #[cfg(feature = "onnx")]
 pub mod onnx;
 pub mod ops;
