@@ -16,7 +16,7 @@
 //! the 4-D layout was faster), and every stage and tensor that shares those axes merges with it.
 
 use crate::expr::{BinaryOp, DType, Expr, TensorRef};
-use crate::graph::Graph;
+use crate::graph::{Graph, Stage};
 
 /// The fewest rows (extent of the axis before the merged pair) a reduction must have.
 pub const MIN_ROWS: usize = 64;
@@ -25,6 +25,13 @@ pub const MIN_ROWS: usize = 64;
 /// and it turns a reduction into a product over a long contiguous axis; `g` itself otherwise.
 /// The result computes what `g` computes, element for element.
 pub fn merge_trailing_axes(g: Graph) -> Graph {
+    if !g
+        .stages
+        .iter()
+        .any(|st| st.reduce.is_some() && candidate(st))
+    {
+        return g;
+    }
     let unit = without_unit_reductions(&g);
     let Some(merged) = plan(&unit) else {
         return g;
@@ -123,20 +130,15 @@ fn plan(g: &Graph) -> Option<Vec<bool>> {
         .inputs
         .iter()
         .map(|p| p.shape.len() >= 2)
-        .chain(g.stages.iter().map(|s| {
-            let n = s.shape.len();
-            match s.reduce {
-                None => n >= 2,
-                Some(_) => n >= 3 && s.shape[n - 3] >= MIN_ROWS,
-            }
-        }))
+        .chain(g.stages.iter().map(candidate))
         .collect();
-    if !g
-        .stages
-        .iter()
-        .enumerate()
-        .any(|(s, st)| st.reduce.is_some() && merged[n_in + s])
-    {
+    let any_reduction = |merged: &[bool]| {
+        g.stages
+            .iter()
+            .enumerate()
+            .any(|(s, st)| st.reduce.is_some() && merged[n_in + s])
+    };
+    if !any_reduction(&merged) {
         return None;
     }
     loop {
@@ -175,11 +177,16 @@ fn plan(g: &Graph) -> Option<Vec<bool>> {
             break;
         }
     }
-    g.stages
-        .iter()
-        .enumerate()
-        .any(|(s, st)| st.reduce.is_some() && merged[n_in + s])
-        .then_some(merged)
+    any_reduction(&merged).then_some(merged)
+}
+
+/// Whether stage `st` may merge at all: two spatial axes, and a reduction's rows before them.
+fn candidate(st: &Stage) -> bool {
+    let n = st.shape.len();
+    match st.reduce {
+        None => n >= 2,
+        Some(_) => n >= 3 && st.shape[n - 3] >= MIN_ROWS,
+    }
 }
 
 /// `shape` with its two trailing extents as one.
