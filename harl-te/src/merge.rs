@@ -180,12 +180,16 @@ fn plan(g: &Graph) -> Option<Vec<bool>> {
     any_reduction(&merged).then_some(merged)
 }
 
-/// Whether stage `st` may merge at all: two spatial axes, and a reduction's rows before them.
+/// Whether stage `st` may merge at all: two spatial axes, and for a reduction, rows before
+/// them and a pair that is more than a unit axis (a global pool's `1 x 1` output gains nothing
+/// from merging, and its workload key would change for no reason).
 fn candidate(st: &Stage) -> bool {
     let n = st.shape.len();
     match st.reduce {
         None => n >= 2,
-        Some(_) => n >= 3 && st.shape[n - 3] >= MIN_ROWS,
+        Some(_) => {
+            n >= 3 && st.shape[n - 3] >= MIN_ROWS && st.shape[n - 2..].iter().all(|&e| e > 1)
+        }
     }
 }
 
@@ -255,7 +259,7 @@ fn rewrite_expr(g: &Graph, merged: &[bool], s: usize, me: bool, e: &Expr) -> Opt
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::graph::GraphBuilder;
+    use crate::graph::{GraphBuilder, ReduceOp};
     use crate::interp;
     use crate::ops::{self, Conv2dParams};
     use proptest::prelude::*;
@@ -359,6 +363,25 @@ mod tests {
     }
 
     #[test]
+    fn a_global_pool_keeps_its_unit_pixels() {
+        // As the importer builds GlobalAveragePool: a sum over H x W into [n, c, 1, 1].
+        let mut b = GraphBuilder::new();
+        let x = b.input("x", &[1, 128, 7, 7], DType::F32);
+        let ax = Expr::axis;
+        let body = Expr::Load(x, vec![ax(0), ax(1), ax(4), ax(5)]) * Expr::f32(1.0 / 49.0);
+        b.reduce(
+            "pool",
+            &[1, 128, 1, 1],
+            DType::F32,
+            ReduceOp::Sum,
+            &[7, 7],
+            body,
+        );
+        let g = b.graph().clone();
+        assert_eq!(merge_trailing_axes(g.clone()), g);
+    }
+
+    #[test]
     fn finish_merges_and_the_interpreter_agrees() {
         let mut b = GraphBuilder::new();
         let x = b.input("x", &[2, 4, 3, 5], DType::F32);
@@ -394,7 +417,7 @@ mod tests {
             prop_assume!(hw + 2 * pad >= k);
             let g = conv(c, hw, f, k, stride, pad, residual);
             let m = merge_trailing_axes(g.clone());
-            let expect = k == 1 && stride == 1 && pad == 0 && f >= MIN_ROWS;
+            let expect = k == 1 && stride == 1 && pad == 0 && f >= MIN_ROWS && hw > 1;
             prop_assert_eq!(m != g, expect);
             prop_assert_eq!(outputs(&m, 11), outputs(&g, 11));
         }
