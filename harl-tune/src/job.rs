@@ -259,6 +259,9 @@ pub fn run(
     );
     let mut config = MeasureConfig::new(work_dir, &harl_root);
     config.threads = threads;
+    // The manifest's class may be below the host's (`HARL_ISA=avx2` in the build): workers
+    // then build and dispatch to that variant.
+    config.variant = Some(variant);
     config.seed = options.seed;
     let mut measurer = match Measurer::new(config) {
         Ok(m) => m,

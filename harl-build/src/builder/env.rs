@@ -41,7 +41,12 @@ impl BuildEnv {
         let (fingerprint, threads) = match (&target, cross) {
             (Some(t), true) => (TargetFingerprint::for_target_triple(t), 4),
             _ => {
-                let fp = TargetFingerprint::host();
+                // `HARL_ISA` lowers what the runtime dispatches to; the build tunes and
+                // records the variant it names, as the binary will run it.
+                let fp = match std::env::var("HARL_ISA") {
+                    Ok(isa) => TargetFingerprint::host().capped_at(&isa),
+                    Err(_) => TargetFingerprint::host(),
+                };
                 let threads = fp.cores.max(1);
                 (fp, threads)
             }

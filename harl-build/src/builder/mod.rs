@@ -317,6 +317,7 @@ impl Builder {
             "HARL_TASK_SCHEDULER",
             "HARL_GPU_TRIALS",
             "HARL_TUNER",
+            "HARL_ISA",
         ] {
             out.rerun_if_env_changed(var);
         }

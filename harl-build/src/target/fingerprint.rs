@@ -59,6 +59,34 @@ impl TargetFingerprint {
         }
     }
 
+    /// This machine as a lower ISA class presents it: `isa` is what `HARL_ISA` says
+    /// (`"avx2"`, `"baseline"`), under which the runtime dispatches to that class's variant, so
+    /// a build tunes and records that variant (AVX2 records made on an AVX-512 machine). The
+    /// features the class lacks are dropped. A class at or above this one, or any other value,
+    /// leaves the fingerprint as it is.
+    pub fn capped_at(mut self, isa: &str) -> Self {
+        if self.arch != "x86_64" {
+            return self;
+        }
+        let rank = |class: &str| match class.strip_prefix("x86_64-") {
+            Some("avx512") => 2,
+            Some("avx2") => 1,
+            _ => 0,
+        };
+        let (class, keeps): (&str, fn(&str) -> bool) = match isa {
+            "avx2" => ("x86_64-avx2", |f| !f.starts_with("avx512")),
+            "baseline" => ("x86_64-baseline", |f| {
+                !(f.starts_with("avx") || f == "fma" || f == "f16c")
+            }),
+            _ => return self,
+        };
+        if rank(class) < rank(&self.isa_class) {
+            self.isa_class = class.to_string();
+            self.features.retain(|f| keeps(f));
+        }
+        self
+    }
+
     /// A fingerprint for a cross-compilation target, without probing the host: the architecture
     /// comes from the triple's first component (normalized to [`std::env::consts::ARCH`]'s
     /// spelling, e.g. `i686` → `x86`, `armv7` → `arm`), the ISA class is `"<arch>-baseline"`, no
@@ -242,6 +270,35 @@ mod tests {
             };
             assert_eq!(host.isa_class, expected);
         }
+    }
+
+    #[test]
+    fn a_fingerprint_caps_only_downwards() {
+        let f = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let avx512 = TargetFingerprint {
+            arch: "x86_64".into(),
+            isa_class: "x86_64-avx512".into(),
+            features: f(&["sse4.2", "avx", "fma", "avx2", "avx512f", "avx512vl"]),
+            cpu_model: "m".into(),
+            cores: 2,
+        };
+        let avx2 = avx512.clone().capped_at("avx2");
+        assert_eq!(avx2.isa_class, "x86_64-avx2");
+        assert_eq!(avx2.features, f(&["sse4.2", "avx", "fma", "avx2"]));
+        assert_eq!(avx2.isa_class, isa_class_for("x86_64", &avx2.features));
+        let base = avx512.clone().capped_at("baseline");
+        assert_eq!(base.isa_class, "x86_64-baseline");
+        assert_eq!(base.features, f(&["sse4.2"]));
+        // Never raised, and unknown values change nothing.
+        assert_eq!(avx2.clone().capped_at("avx512"), avx2);
+        assert_eq!(base.clone().capped_at("avx2"), base);
+        assert_eq!(avx512.clone().capped_at("AVX2"), avx512);
+        let arm = TargetFingerprint {
+            arch: "aarch64".into(),
+            isa_class: "aarch64-neon".into(),
+            ..avx512.clone()
+        };
+        assert_eq!(arm.clone().capped_at("baseline"), arm);
     }
 
     #[test]
