@@ -262,6 +262,7 @@ pub fn run(
     // The manifest's class may be below the host's (`HARL_ISA=avx2` in the build): workers
     // then build and dispatch to that variant.
     config.variant = Some(variant);
+    config.flush_bytes = cold_flush_bytes();
     config.seed = options.seed;
     let mut measurer = match Measurer::new(config) {
         Ok(m) => m,
@@ -288,6 +289,16 @@ fn blank_outcome(kernel: &ManifestKernel) -> TuneOutcome {
         name: kernel.name.clone(),
         workload_key: kernel.workload_key.clone(),
         ..TuneOutcome::default()
+    }
+}
+
+/// Bytes the measurer writes before each timed run: `HARL_TUNE_COLD=1` times every candidate
+/// with its weights and inputs evicted (64 MB written, twice a large L3's share), as a
+/// network's tasks meet them at two threads; unset or anything else: warm, as before.
+fn cold_flush_bytes() -> usize {
+    match std::env::var("HARL_TUNE_COLD").as_deref() {
+        Ok("1") => 64 << 20,
+        _ => 0,
     }
 }
 

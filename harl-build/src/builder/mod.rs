@@ -318,6 +318,7 @@ impl Builder {
             "HARL_GPU_TRIALS",
             "HARL_TUNER",
             "HARL_ISA",
+            "HARL_TUNE_COLD",
         ] {
             out.rerun_if_env_changed(var);
         }
