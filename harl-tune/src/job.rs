@@ -64,7 +64,15 @@ pub struct JobOptions {
     pub log_dir: Option<PathBuf>,
     /// Trials per GPU kernel, for builds that generate GPU code (on a host with a GPU).
     pub gpu_trials: usize,
+    /// Time every candidate with its weights and inputs evicted from the caches
+    /// ([`COLD_FLUSH_BYTES`] written before each timed run) instead of warm.
+    pub cold: bool,
 }
+
+/// Bytes the measurer writes before each timed run of a [`JobOptions::cold`] job: twice a
+/// large L3's share, so weights and inputs come from memory, as a network's tasks meet them
+/// at two threads.
+pub const COLD_FLUSH_BYTES: usize = 64 << 20;
 
 impl Default for JobOptions {
     fn default() -> Self {
@@ -82,6 +90,7 @@ impl Default for JobOptions {
             force: false,
             log_dir: None,
             gpu_trials: 64,
+            cold: false,
         }
     }
 }
@@ -262,7 +271,7 @@ pub fn run(
     // The manifest's class may be below the host's (`HARL_ISA=avx2` in the build): workers
     // then build and dispatch to that variant.
     config.variant = Some(variant);
-    config.flush_bytes = cold_flush_bytes();
+    config.flush_bytes = if options.cold { COLD_FLUSH_BYTES } else { 0 };
     config.seed = options.seed;
     let mut measurer = match Measurer::new(config) {
         Ok(m) => m,
@@ -289,16 +298,6 @@ fn blank_outcome(kernel: &ManifestKernel) -> TuneOutcome {
         name: kernel.name.clone(),
         workload_key: kernel.workload_key.clone(),
         ..TuneOutcome::default()
-    }
-}
-
-/// Bytes the measurer writes before each timed run: `HARL_TUNE_COLD=1` times every candidate
-/// with its weights and inputs evicted (64 MB written, twice a large L3's share), as a
-/// network's tasks meet them at two threads; unset or anything else: warm, as before.
-fn cold_flush_bytes() -> usize {
-    match std::env::var("HARL_TUNE_COLD").as_deref() {
-        Ok("1") => 64 << 20,
-        _ => 0,
     }
 }
 

@@ -69,6 +69,10 @@ pub struct TuneArgs {
     /// Tune kernels that already have a record for this CPU too.
     #[arg(long)]
     pub force: bool,
+    /// Time candidates with the caches evicted before each timed run (weights and inputs
+    /// from memory) instead of warm; in a build, `HARL_TUNE_COLD=1`.
+    #[arg(long, env = "HARL_TUNE_COLD", value_parser = clap::builder::BoolishValueParser::new())]
+    pub cold: bool,
     /// Build the crate in release mode to find its kernels (the kernels are the same).
     #[arg(long)]
     pub release: bool,
@@ -139,6 +143,7 @@ pub fn run(args: TuneArgs) -> Result<ExitCode, TuneError> {
         force: args.force,
         log_dir: None,
         gpu_trials: args.gpu_trials,
+        cold: args.cold,
     };
     let mut outcomes: Vec<TuneOutcome> = Vec::new();
     let mut live = Live::new(manifests.len());
@@ -205,7 +210,30 @@ pub fn run(args: TuneArgs) -> Result<ExitCode, TuneError> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_shard;
+    use super::{parse_shard, TuneArgs};
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: TuneArgs,
+    }
+
+    /// The build hands the knob over as `HARL_TUNE_COLD=1`, the command line as `--cold`.
+    #[test]
+    fn cold_timing_is_off_unless_asked() {
+        assert!(!Cli::try_parse_from(["t"]).expect("parse").args.cold);
+        assert!(
+            Cli::try_parse_from(["t", "--cold"])
+                .expect("parse")
+                .args
+                .cold
+        );
+        std::env::set_var("HARL_TUNE_COLD", "1");
+        let from_env = Cli::try_parse_from(["t"]).map(|c| c.args.cold);
+        std::env::remove_var("HARL_TUNE_COLD");
+        assert!(from_env.expect("parse"));
+    }
 
     #[test]
     fn shards_parse_and_bad_ones_are_refused() {

@@ -5,6 +5,7 @@
 //! core count. Records measured on an identical fingerprint are preferred; records from another
 //! machine of the same ISA class are still usable (see [`TargetFingerprint::is_compatible`]).
 
+use super::Variant;
 use serde::{Deserialize, Serialize};
 
 /// The ISA class of CUDA devices of compute capability `cc`: `"cuda-sm_90"` for `(9, 0)`.
@@ -65,23 +66,19 @@ impl TargetFingerprint {
     /// features the class lacks are dropped. A class at or above this one, or any other value,
     /// leaves the fingerprint as it is.
     pub fn capped_at(mut self, isa: &str) -> Self {
-        if self.arch != "x86_64" {
-            return self;
-        }
-        let rank = |class: &str| match class.strip_prefix("x86_64-") {
-            Some("avx512") => 2,
-            Some("avx2") => 1,
-            _ => 0,
-        };
-        let (class, keeps): (&str, fn(&str) -> bool) = match isa {
-            "avx2" => ("x86_64-avx2", |f| !f.starts_with("avx512")),
-            "baseline" => ("x86_64-baseline", |f| {
+        let (cap, keeps): (Variant, fn(&str) -> bool) = match isa {
+            "avx2" => (Variant::Avx2, |f| !f.starts_with("avx512")),
+            "baseline" => (Variant::Base, |f| {
                 !(f.starts_with("avx") || f == "fma" || f == "f16c")
             }),
             _ => return self,
         };
-        if rank(class) < rank(&self.isa_class) {
-            self.isa_class = class.to_string();
+        // `Variant::ALL` runs from the highest class down.
+        let rank = |v: Variant| Variant::ALL.iter().position(|&x| x == v);
+        let lower =
+            Variant::for_isa_class(&self.isa_class).is_some_and(|own| rank(cap) > rank(own));
+        if self.arch == "x86_64" && lower {
+            self.isa_class = cap.isa_class(&self.arch);
             self.features.retain(|f| keeps(f));
         }
         self
