@@ -3,8 +3,11 @@
 //!
 //! This is the narrow layer where harl itself uses `unsafe` outside generated kernels.
 
+pub mod aligned;
 pub mod math;
 pub mod peak;
+
+pub use aligned::AlignedBuf;
 
 use std::sync::OnceLock;
 
@@ -80,32 +83,28 @@ pub fn parallel_for(n: usize, body: impl Fn(usize) + Sync + Send) {
 }
 
 /// Where a kernel keeps one intermediate buffer between calls, per calling thread.
-pub type ScratchSlot<T> = std::thread::LocalKey<std::cell::Cell<Vec<T>>>;
+pub type ScratchSlot<T> = std::thread::LocalKey<std::cell::Cell<AlignedBuf<T>>>;
 
 /// Buffers larger than this many bytes are not kept between calls.
 const SCRATCH_KEEP_BYTES: usize = 256 << 20;
 
-/// The intermediate buffer in `slot`, ready for a call: `len` elements of `fill`, or, without a
-/// fill, empty with room for `len` (the kernel writes every element before reading it, through
-/// a pointer). A buffer allocated afresh on every call paid for its pages again each time
-/// (page faults, the kernel zeroing them); kept, it costs nothing after the first call.
-pub fn scratch_take<T: Copy + 'static>(
+/// The intermediate buffer in `slot`, ready for a call: `len` elements, each `fill` where there
+/// is one; without a fill the kernel writes every element before reading it. A buffer
+/// allocated afresh on every call paid for its pages again each time (page faults, the kernel
+/// zeroing them); kept, it costs nothing after the first call. Aligned to a cache line.
+pub fn scratch_take<T: aligned::Scalar>(
     slot: &'static ScratchSlot<T>,
     len: usize,
     fill: Option<T>,
-) -> Vec<T> {
+) -> AlignedBuf<T> {
     let mut v = slot.take();
-    v.clear();
-    match fill {
-        Some(x) => v.resize(len, x),
-        None => v.reserve(len),
-    }
+    v.reset(len, fill);
     v
 }
 
 /// Puts a buffer back into `slot` for the next call on this thread (unless it is huge).
-pub fn scratch_keep<T: 'static>(slot: &'static ScratchSlot<T>, v: Vec<T>) {
-    if v.capacity().saturating_mul(std::mem::size_of::<T>()) <= SCRATCH_KEEP_BYTES {
+pub fn scratch_keep<T: aligned::Scalar>(slot: &'static ScratchSlot<T>, v: AlignedBuf<T>) {
+    if v.capacity_bytes() <= SCRATCH_KEEP_BYTES {
         slot.set(v);
     }
 }

@@ -289,8 +289,12 @@ pub(super) fn emit_model(
     }
     for &w in &kept_weights {
         field_names.push(format!("w{w}"));
-        let _ = writeln!(fields, "        w{w}: ::std::vec::Vec<f32>,");
-        let _ = writeln!(init, "            let w{w} = {};", weight_expr(w)?);
+        let _ = writeln!(fields, "        w{w}: ::harl::runtime::AlignedBuf<f32>,");
+        let _ = writeln!(
+            init,
+            "            let w{w} = ::harl::runtime::AlignedBuf::from_slice(&{});",
+            weight_expr(w)?
+        );
     }
     let Storage::Buffer(out_buf) = *storage.get(&net.output).ok_or("no output storage")? else {
         return Err("the output is not computed".into());
@@ -299,7 +303,7 @@ pub(super) fn emit_model(
     let output_len = elements(&output_shape);
     let bufs: Vec<String> = buffers
         .iter()
-        .map(|n| format!("::std::vec![0.0f32; {n}]"))
+        .map(|n| format!("::harl::runtime::AlignedBuf::<f32>::filled({n}, 0.0)"))
         .collect();
     Ok(format!(
         r#"/// Network `{name}`, imported from ONNX: {calls} kernel calls of {tasks} distinct tasks.
@@ -333,7 +337,7 @@ pub mod {name} {{
 
     /// The network with its weights prepared and its intermediate tensors allocated.
     pub struct Model {{
-{fields}        b: ::std::vec::Vec<::std::vec::Vec<f32>>,
+{fields}        b: ::std::vec::Vec<::harl::runtime::AlignedBuf<f32>>,
     }}
 
     impl Model {{

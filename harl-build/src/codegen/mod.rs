@@ -234,7 +234,7 @@ fn emit_nest(
 fn scratch_take(name: &str, ty: &str, n: usize, fill: &str) -> String {
     let key = name.to_uppercase();
     format!(
-        "    ::std::thread_local! {{ static __HARL_{key}: ::core::cell::Cell<::std::vec::Vec<{ty}>> = const {{ ::core::cell::Cell::new(::std::vec::Vec::new()) }}; }}\n    let mut __harl_{name} = ::harl::runtime::scratch_take(&__HARL_{key}, {n}, {fill});\n"
+        "    ::std::thread_local! {{ static __HARL_{key}: ::core::cell::Cell<::harl::runtime::AlignedBuf<{ty}>> = const {{ ::core::cell::Cell::new(::harl::runtime::AlignedBuf::new()) }}; }}\n    let mut __harl_{name} = ::harl::runtime::scratch_take(&__HARL_{key}, {n}, {fill});\n"
     )
 }
 
@@ -336,14 +336,14 @@ pub(super) struct Prepared {
     for &s in &split.kept_stages {
         let _ = writeln!(
             out,
-            "    k{s}: ::std::vec::Vec<{}>,",
+            "    k{s}: ::harl::runtime::AlignedBuf<{}>,",
             g.stages[s].dtype.rust_name()
         );
     }
     for &i in &split.kept_inputs {
         let _ = writeln!(
             out,
-            "    w{i}: ::std::vec::Vec<{}>,",
+            "    w{i}: ::harl::runtime::AlignedBuf<{}>,",
             g.inputs[i].dtype.rust_name()
         );
     }
@@ -404,7 +404,7 @@ fn emit_entry(out: &mut String, p: &Program, meta: &KernelMeta, entry: Entry<'_>
                 let v = fill.unwrap_or_else(|| const_lit(0.0, st.dtype));
                 let _ = writeln!(
                     out,
-                    "    let mut __harl_s{s}: ::std::vec::Vec<{ty}> = ::std::vec![{v}; {n}];",
+                    "    let mut __harl_s{s} = ::harl::runtime::AlignedBuf::<{ty}>::filled({n}, {v});",
                     n = st.size()
                 );
             }
@@ -470,7 +470,11 @@ fn emit_entry(out: &mut String, p: &Program, meta: &KernelMeta, entry: Entry<'_>
             let _ = writeln!(out, "        k{s}: __harl_s{s},");
         }
         for &i in &split.kept_inputs {
-            let _ = writeln!(out, "        w{i}: {}.to_vec(),", meta.params[i]);
+            let _ = writeln!(
+                out,
+                "        w{i}: ::harl::runtime::AlignedBuf::from_slice({}),",
+                meta.params[i]
+            );
         }
         out.push_str("    }\n");
     }

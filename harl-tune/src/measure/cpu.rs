@@ -1391,8 +1391,8 @@ fn worker_main(graph: &Graph, set: &[usize], variant: Variant) -> String {
 /// element may keep it (a skipped element, caught even where no point is checked; a value
 /// that equals the sentinel by chance, an i32 say, is told apart by a second run with another
 /// sentinel). Guards and inputs are checked again after the timed runs. None of this touches
-/// the timed loop: the buffers the kernel gets keep the alignment a plain `Vec` has (the guard
-/// is a multiple of 64 bytes).
+/// the timed loop: the buffers the kernel gets start on a cache line, as every buffer harl
+/// allocates does (`harl::runtime::AlignedBuf`; the guard is a multiple of 64 bytes).
 ///
 /// The result line carries a nonce the parent writes to the worker's stdin, read to its end
 /// before any kernel runs; see `parse_result`.
@@ -1401,7 +1401,7 @@ const WORKER_HARNESS: &str = r#"
 /// small tile's row overruns by.
 const GUARD: usize = 256;
 
-trait Elem: Copy {
+trait Elem: ::harl::runtime::aligned::Scalar {
     const TAG: u8;
     const SIZE: usize;
     fn from_le(b: &[u8]) -> Self;
@@ -1448,10 +1448,10 @@ impl Elem for i32 {
 
 /// A buffer of `len` elements between two runs of [`GUARD`] guard elements.
 #[derive(Clone)]
-struct Guarded<T> { buf: Vec<T>, len: usize }
+struct Guarded<T: Elem> { buf: ::harl::runtime::AlignedBuf<T>, len: usize }
 impl<T: Elem> Guarded<T> {
     fn filled(len: usize, v: T) -> Self {
-        let mut buf = vec![T::guard(); len + 2 * GUARD];
+        let mut buf = ::harl::runtime::AlignedBuf::filled(len + 2 * GUARD, T::guard());
         buf[GUARD..GUARD + len].fill(v);
         Guarded { buf, len }
     }
@@ -1469,7 +1469,7 @@ impl<T: Elem> Guarded<T> {
     /// Where this buffer (guards included) differs from `other`, bit for bit.
     fn diff(&self, other: &Self) -> Option<String> {
         if let Some(g) = self.guards_broken() { return Some(g); }
-        let i = self.buf.iter().zip(&other.buf).position(|(a, b)| a.bits() != b.bits())?;
+        let i = self.buf.iter().zip(other.buf.iter()).position(|(a, b)| a.bits() != b.bits())?;
         Some(format!("element {} changed", i - GUARD))
     }
 }
