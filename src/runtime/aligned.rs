@@ -139,7 +139,7 @@ mod tests {
     use super::*;
 
     fn aligned<T: Scalar>(b: &AlignedBuf<T>) -> bool {
-        b.as_ptr() as usize % ALIGN == 0
+        (b.as_ptr() as usize).is_multiple_of(ALIGN)
     }
 
     #[test]
