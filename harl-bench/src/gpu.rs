@@ -97,6 +97,7 @@ pub fn run(o: &Options) -> Result<(), Error> {
         trials: o.trials,
         batch: o.batch,
         time_budget: None,
+        reserve_rounds: 0,
         seed: o.seed,
         seed_default: true,
     };

@@ -199,6 +199,7 @@ pub fn run_tasks(tasks: Vec<Task>, spec: &RunSpec<'_>) -> Result<TuneResult, Err
         trials: spec.trials,
         batch: spec.batch,
         time_budget: None,
+        reserve_rounds: 0,
         seed,
         seed_default: spec.seed_default,
     };

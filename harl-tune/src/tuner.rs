@@ -26,6 +26,10 @@ pub struct TuneOptions {
     pub batch: usize,
     /// Stop starting new rounds after this long.
     pub time_budget: Option<Duration>,
+    /// Rounds' worth of work the caller does after the search within the same `time_budget`
+    /// (re-timing each task's finalists): the search stops early enough to leave that many
+    /// of its own mean rounds for it.
+    pub reserve_rounds: usize,
     /// The seed of every random decision.
     pub seed: u64,
     /// Measure each task's default-like schedules ([`TaskState::seeds`]) in its first round,
@@ -39,6 +43,7 @@ impl Default for TuneOptions {
             trials: 200,
             batch: 16,
             time_budget: None,
+            reserve_rounds: 0,
             seed: 0,
             seed_default: true,
         }
@@ -116,10 +121,15 @@ pub fn tune_states<S: SearchSpace>(
     let mut spent = 0usize;
     let mut stalled_rounds = 0usize;
     let mut phases = PhaseTimes::default();
+    let mut rounds = 0u32;
     while spent < options.trials && !states.is_empty() {
-        if options.time_budget.is_some_and(|b| start.elapsed() >= b) {
+        if options
+            .time_budget
+            .is_some_and(|b| start.elapsed() + reserve(start.elapsed(), rounds, options) >= b)
+        {
             break;
         }
+        rounds = rounds.saturating_add(1);
         let views = task_views(&states, &histories);
         let ti = scheduler.next(&views, &mut rng).min(states.len() - 1);
         let batch = options.batch.min(options.trials - spent);
@@ -180,6 +190,15 @@ pub fn tune_states<S: SearchSpace>(
         wall_s: start.elapsed().as_secs_f64(),
         phases,
     }
+}
+
+/// The time to leave for `options.reserve_rounds` rounds, at the mean round's wall time so far.
+fn reserve(elapsed: Duration, rounds: u32, options: &TuneOptions) -> Duration {
+    if rounds == 0 {
+        return Duration::ZERO;
+    }
+    let reserve = u32::try_from(options.reserve_rounds).unwrap_or(u32::MAX);
+    (elapsed / rounds).saturating_mul(reserve)
 }
 
 /// What the task scheduler sees of every task.

@@ -61,6 +61,7 @@ fn digest(strategy: &str, scheduler: &str) -> u64 {
         trials: 48,
         batch: 8,
         time_budget: None,
+        reserve_rounds: 0,
         seed: 7,
         seed_default: true,
     };

@@ -81,6 +81,7 @@ fn tune_gemm(
         trials,
         batch: 16,
         time_budget: None,
+        reserve_rounds: 0,
         seed,
         seed_default: true,
     };

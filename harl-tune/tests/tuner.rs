@@ -39,6 +39,7 @@ fn run(strategy: &str, seed: u64, trials: usize, tasks: Vec<Task>) -> TuneResult
         trials,
         batch: 8,
         time_budget: None,
+        reserve_rounds: 0,
         seed,
         seed_default: true,
     };
@@ -209,4 +210,53 @@ fn random_schedule(graph: &Graph) -> Schedule {
     let mut rng = harl_build::rng::Rng::new(1);
     let p = harl_tune::space::SearchSpace::sample(&space, 0, &mut rng);
     harl_tune::space::SearchSpace::to_schedule(&space, &p).expect("a schedule")
+}
+
+/// A measurer whose every batch takes `pause` of wall time.
+struct Slow(std::time::Duration);
+
+impl Measure for Slow {
+    fn measure(&mut self, g: &Graph, schedules: &[Schedule]) -> Vec<Result<f64, String>> {
+        std::thread::sleep(self.0);
+        FakeMeasurer.measure(g, schedules)
+    }
+}
+
+fn run_timed(budget: std::time::Duration, reserve_rounds: usize) -> TuneResult {
+    let target = Variant::Avx512.cpu_target("x86_64", 2);
+    let mut strategy = strategy_by_name("random", 0).expect("strategy");
+    let mut scheduler = scheduler_by_name("round-robin").expect("scheduler");
+    let mut model = harl_tune::cost_model::RandomModel::new(0);
+    let options = TuneOptions {
+        trials: 100_000,
+        batch: 2,
+        time_budget: Some(budget),
+        reserve_rounds,
+        seed: 0,
+        seed_default: false,
+    };
+    let tasks = vec![task("mm", workloads::matmul(16, 16, 16).expect("matmul"), 1.0)];
+    tune(
+        tasks,
+        &target,
+        &options,
+        strategy.as_mut(),
+        scheduler.as_mut(),
+        &mut model,
+        &mut Slow(std::time::Duration::from_millis(20)),
+    )
+}
+
+#[test]
+fn the_search_leaves_its_reserve_inside_the_time_budget() {
+    let budget = std::time::Duration::from_millis(600);
+    // Without a reserve the search runs until the budget has passed.
+    let full = run_timed(budget, 0);
+    assert!(full.wall_s >= 0.6, "{}", full.wall_s);
+    // With ten rounds reserved it stops while ten of its mean rounds still fit.
+    let r = run_timed(budget, 10);
+    let rounds = r.trials.div_ceil(2) as f64;
+    let mean = r.wall_s / rounds;
+    assert!(r.wall_s < 0.6, "{}", r.wall_s);
+    assert!(r.wall_s + 9.0 * mean <= 0.6 + 1e-3, "{} s in {rounds} rounds", r.wall_s);
 }
