@@ -235,7 +235,11 @@ fn run_timed(budget: std::time::Duration, reserve_rounds: usize) -> TuneResult {
         seed: 0,
         seed_default: false,
     };
-    let tasks = vec![task("mm", workloads::matmul(16, 16, 16).expect("matmul"), 1.0)];
+    let tasks = vec![task(
+        "mm",
+        workloads::matmul(16, 16, 16).expect("matmul"),
+        1.0,
+    )];
     tune(
         tasks,
         &target,
@@ -258,5 +262,9 @@ fn the_search_leaves_its_reserve_inside_the_time_budget() {
     let rounds = r.trials.div_ceil(2) as f64;
     let mean = r.wall_s / rounds;
     assert!(r.wall_s < 0.6, "{}", r.wall_s);
-    assert!(r.wall_s + 9.0 * mean <= 0.6 + 1e-3, "{} s in {rounds} rounds", r.wall_s);
+    assert!(
+        r.wall_s + 9.0 * mean <= 0.6 + 1e-3,
+        "{} s in {rounds} rounds",
+        r.wall_s
+    );
 }
