@@ -123,9 +123,10 @@ pub fn tune_states<S: SearchSpace>(
     let mut phases = PhaseTimes::default();
     let mut rounds = 0u32;
     while spent < options.trials && !states.is_empty() {
+        let elapsed = start.elapsed();
         if options
             .time_budget
-            .is_some_and(|b| start.elapsed() + reserve(start.elapsed(), rounds, options) >= b)
+            .is_some_and(|b| elapsed + reserve(elapsed, rounds, options) >= b)
         {
             break;
         }

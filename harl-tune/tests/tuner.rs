@@ -31,10 +31,6 @@ impl Measure for FakeMeasurer {
 }
 
 fn run(strategy: &str, seed: u64, trials: usize, tasks: Vec<Task>) -> TuneResult {
-    let target = Variant::Avx512.cpu_target("x86_64", 2);
-    let mut strategy = strategy_by_name(strategy, seed).expect("strategy");
-    let mut scheduler = scheduler_by_name("gradient").expect("scheduler");
-    let mut model = XgbModel::with_seed(seed);
     let options = TuneOptions {
         trials,
         batch: 8,
@@ -43,14 +39,37 @@ fn run(strategy: &str, seed: u64, trials: usize, tasks: Vec<Task>) -> TuneResult
         seed,
         seed_default: true,
     };
+    let mut model = XgbModel::with_seed(seed);
+    run_with(
+        &options,
+        strategy,
+        "gradient",
+        &mut model,
+        &mut FakeMeasurer,
+        tasks,
+    )
+}
+
+/// One tune of `tasks` on an AVX-512 target under `options`.
+fn run_with(
+    options: &TuneOptions,
+    strategy: &str,
+    scheduler: &str,
+    model: &mut dyn harl_tune::cost_model::CostModel,
+    measurer: &mut dyn Measure,
+    tasks: Vec<Task>,
+) -> TuneResult {
+    let target = Variant::Avx512.cpu_target("x86_64", 2);
+    let mut strategy = strategy_by_name(strategy, options.seed).expect("strategy");
+    let mut scheduler = scheduler_by_name(scheduler).expect("scheduler");
     tune(
         tasks,
         &target,
-        &options,
+        options,
         strategy.as_mut(),
         scheduler.as_mut(),
-        &mut model,
-        &mut FakeMeasurer,
+        model,
+        measurer,
     )
 }
 
@@ -223,10 +242,6 @@ impl Measure for Slow {
 }
 
 fn run_timed(budget: std::time::Duration, reserve_rounds: usize) -> TuneResult {
-    let target = Variant::Avx512.cpu_target("x86_64", 2);
-    let mut strategy = strategy_by_name("random", 0).expect("strategy");
-    let mut scheduler = scheduler_by_name("round-robin").expect("scheduler");
-    let mut model = harl_tune::cost_model::RandomModel::new(0);
     let options = TuneOptions {
         trials: 100_000,
         batch: 2,
@@ -240,14 +255,15 @@ fn run_timed(budget: std::time::Duration, reserve_rounds: usize) -> TuneResult {
         workloads::matmul(16, 16, 16).expect("matmul"),
         1.0,
     )];
-    tune(
-        tasks,
-        &target,
+    let mut slow = Slow(std::time::Duration::from_millis(20));
+    let mut model = harl_tune::cost_model::RandomModel::new(0);
+    run_with(
         &options,
-        strategy.as_mut(),
-        scheduler.as_mut(),
+        "random",
+        "round-robin",
         &mut model,
-        &mut Slow(std::time::Duration::from_millis(20)),
+        &mut slow,
+        tasks,
     )
 }
 

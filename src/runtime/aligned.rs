@@ -3,8 +3,8 @@
 //! A `Vec<f32>` of a few hundred KiB or more comes from `mmap` through malloc, 16 bytes past a
 //! page boundary, so every 64-byte vector load from it straddles two cache lines. Emitted
 //! kernels read their packed weights and intermediates with such loads in their innermost
-//! loops: on an Intel Xeon (AVX-512) a GEMM reading a panel offset by 16 bytes ran 6-10%
-//! slower than the same loop on an aligned panel. Every buffer harl allocates for a kernel
+//! loops: on an Intel Xeon (AVX-512) a GEMM loop with its buffers 16 bytes off a cache line ran
+//! 4-10% slower than with them aligned (`bench-results/2026-12-06/tile-loop/`). Every buffer harl allocates for a kernel
 //! (packed weights, kept weights, per-thread scratch, a network's intermediates) is one of
 //! these.
 
