@@ -265,10 +265,16 @@ fn plan(
         let in_layout = layout.is_some();
         // A tiled stage reads its operand along the last axis in rows (`layout::row_copy`).
         let copy = layout.or(panels);
-        let rows = plan
-            .as_ref()
-            .filter(|_| options.layouts)
-            .and_then(|_| crate::layout::row_copy(graph, s, copy.as_ref()));
+        // In panels of the register tile's rows where the row is read in tiles of them.
+        let rows = plan.as_ref().filter(|_| options.layouts).and_then(|p| {
+            let row_tile = if p.row_axis.is_some() && p.row_axis == stage.n_spatial().checked_sub(1)
+            {
+                p.row[2]
+            } else {
+                1
+            };
+            crate::layout::row_copy(graph, s, copy.as_ref(), row_tile)
+        });
         let tiled = plan.map(|plan| emit_tiled(&mut steps, graph, s, &plan, streams));
         for l in copy.into_iter().chain(rows) {
             inserts.push((s, Insert::CacheRead(l)));

@@ -249,9 +249,18 @@ pub fn panel_layout(graph: &Graph, s: usize, width: usize) -> Option<Layout> {
 /// planes for one tile; a 56-pixel row: every step in a new page), in the copy the whole
 /// reduction of a tile is one contiguous stream. The operand must be one graph input read
 /// once, contiguous along the row (stride 1 in its last index), with some index that uses
-/// reduction axes only, not already next to the row, and reused enough
-/// ([`MIN_ROW_COPY_REUSE`]) to pay for a copy made on every call.
-pub fn row_copy(graph: &Graph, s: usize, other: Option<&Layout>) -> Option<Layout> {
+/// reduction axes only, and reused enough ([`MIN_ROW_COPY_REUSE`]) to pay for a copy made on
+/// every call. Where the reduction is already next to the row (a 1x1 convolution over
+/// flattened pixels reads `x[n, c, p]`) but the tile covers only `row_tile` of the row's
+/// pixels, the copy is cut into panels of `row_tile` (`[p / row_tile, n, c, row_tile]`): in
+/// the input's own order each step reads the tile's few pixels 196 bytes after the last (49
+/// pixels), a new cache line a step from L2; in a panel one tile's reduction is 9 KB in a row.
+pub fn row_copy(
+    graph: &Graph,
+    s: usize,
+    other: Option<&Layout>,
+    row_tile: usize,
+) -> Option<Layout> {
     let stage = graph.stages.get(s)?;
     let ns = stage.n_spatial();
     let last = ns.checked_sub(1)?;
@@ -283,12 +292,16 @@ pub fn row_copy(graph: &Graph, s: usize, other: Option<&Layout>) -> Option<Layou
         .chain(inner.iter().copied())
         .chain([rest.len()])
         .collect();
-    if inner.is_empty() || order.iter().enumerate().all(|(i, &o)| i == o) {
+    let sampled = sampled_shape(&source.shape, &sample);
+    let row_extent = *sampled.last()?;
+    let in_order = order.iter().enumerate().all(|(i, &o)| i == o);
+    let panel = (in_order && row_tile > 1 && row_tile < row_extent)
+        .then_some(row_tile)
+        .filter(|&t| row_extent.is_multiple_of(t));
+    if inner.is_empty() || (in_order && panel.is_none()) {
         return None;
     }
-    let copied = sampled_shape(&source.shape, &sample)
-        .iter()
-        .try_fold(1usize, |n, &e| n.checked_mul(e))?;
+    let copied = sampled.iter().try_fold(1usize, |n, &e| n.checked_mul(e))?;
     if copied.checked_mul(MIN_ROW_COPY_REUSE)? > work_of(stage)? {
         return None;
     }
@@ -296,7 +309,7 @@ pub fn row_copy(graph: &Graph, s: usize, other: Option<&Layout>) -> Option<Layou
         vec_axis: last,
         input,
         order,
-        panel: None,
+        panel,
     })
 }
 
@@ -626,7 +639,7 @@ mod tests {
     fn convolution_inputs_are_read_in_rows() {
         let g = pointwise_4d(4, 7, 256);
         let s = g.stages.len() - 1;
-        let l = row_copy(&g, s, None).expect("a row copy");
+        let l = row_copy(&g, s, None, 1).expect("a row copy");
         assert_eq!((l.input, l.order, l.panel), (0, vec![0, 2, 1, 3], None));
         // The default schedule makes it, beside the filter's layout.
         let avx2 = CpuTarget {
@@ -646,12 +659,66 @@ mod tests {
         assert_eq!(copies, vec![1, 0], "{steps:?}");
         let few = pointwise_4d(4, 7, 64);
         assert!(
-            row_copy(&few, few.stages.len() - 1, None).is_none(),
+            row_copy(&few, few.stages.len() - 1, None, 1).is_none(),
             "64 filters"
         );
         // A GEMM's B[k, n] already has its reduction next to its row.
         let gemm = w::matmul(64, 256, 512).expect("matmul");
-        assert!(row_copy(&gemm, gemm.stages.len() - 1, None).is_none());
+        assert!(row_copy(&gemm, gemm.stages.len() - 1, None, 1).is_none());
+    }
+
+    /// A 1x1 convolution over flattened short rows (49 pixels) takes the filter layout and reads
+    /// its input, whose channels already sit next to the row, in panels of the tile's pixels;
+    /// the loop nest computes what the graph computes. With the whole row in one tile, or too
+    /// few filters to reuse the copy, there is no panel copy.
+    #[test]
+    fn short_flattened_rows_are_read_in_panels_of_the_tile() {
+        let avx2 = CpuTarget {
+            vector_bytes: 32,
+            acc_registers: 12,
+            vector_registers: 16,
+            threads: 2,
+        };
+        let mut g = pointwise(160, 256, 49);
+        g.inputs[1].constant = true;
+        let s = g.stages.len() - 1;
+        let filter = layout_choice(&g, s, &avx2).expect("a filter layout");
+        assert_eq!((filter.input, filter.vec_axis), (1, 1));
+        let rows = |g: &Graph, t: usize| row_copy(g, g.stages.len() - 1, Some(&filter), t);
+        assert_eq!(rows(&g, 7).map(|l| (l.input, l.panel)), Some((0, Some(7))));
+        assert_eq!(rows(&g, 49), None, "one tile takes the whole row");
+        assert_eq!(rows(&g, 5), None, "5 does not divide 49");
+        assert_eq!(rows(&pointwise(160, 64, 49), 7), None, "64 filters");
+        let schedule = crate::default_schedule::default_schedule(&g, &avx2);
+        let panels: Vec<(usize, Option<usize>)> = schedule
+            .steps
+            .iter()
+            .filter_map(|st| match st {
+                Step::CacheRead { input, panel, .. } => Some((*input, *panel)),
+                _ => None,
+            })
+            .collect();
+        assert!(
+            panels
+                .iter()
+                .any(|&(i, p)| i == 0 && p.is_some_and(|p| p < 49)),
+            "{schedule:?}"
+        );
+        let program = crate::lower::lower(&g, &schedule).expect("lowers");
+        let inputs: Vec<Vec<f64>> = g
+            .inputs
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                (0..p.shape.iter().product::<usize>())
+                    .map(|j| ((j * 7 + i * 3) % 11) as f64 - 5.0)
+                    .collect()
+            })
+            .collect();
+        let refs: Vec<&[f64]> = inputs.iter().map(|v| v.as_slice()).collect();
+        let want = harl_te::interp::run(&g, &refs).expect("graph");
+        let got = crate::loop_ir::execute(&program, &refs).expect("loop nest");
+        assert_eq!(got, want, "{schedule:?}");
     }
 
     /// On AVX2 a 56-pixel row fills its vectors, but a 3x3 window along it is read better
@@ -686,13 +753,13 @@ mod tests {
         assert_eq!(sample_factors(stage, 0, 4), vec![1, 1, 2, 2]);
         assert_eq!(sample_factors(stage, 1, 4), vec![1, 1, 1, 1]);
         let filter = layout_choice(&g, s, &CpuTarget::host()).expect("a filter layout");
-        let l = row_copy(&g, s, Some(&filter)).expect("a sampled row copy");
+        let l = row_copy(&g, s, Some(&filter), 1).expect("a sampled row copy");
         assert_eq!((l.input, l.order), (0, vec![0, 2, 1, 3]));
         // A 3x3 window of stride 2 reads every pixel: no sampling, no row copy.
         let g3 = w::conv2d(1, 16, 14, 14, 256, 3, 3, 2, 1, 1, 1).expect("conv2d");
         let s3 = g3.stages.len() - 1;
         assert!(sample_factors(&g3.stages[s3], 0, 4).iter().all(|&f| f == 1));
-        assert!(row_copy(&g3, s3, None).is_none());
+        assert!(row_copy(&g3, s3, None, 1).is_none());
         // Indices: `2 * oh + kh` with kh of extent 1 is `oh` in the copy; an odd one is not.
         let ext = [1, 256, 7, 7, 16, 1, 1];
         let e = Expr::Axis(2) * Expr::int(2) + Expr::Axis(5);
