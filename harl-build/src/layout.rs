@@ -219,6 +219,13 @@ pub fn panel_input(graph: &Graph, s: usize) -> Option<usize> {
 /// 0.89-0.97x of 256's), with 256 and more it pays (stage 4's 512-to-2048: 0.52x -> 0.77x).
 const MIN_ROW_COPY_REUSE: usize = 256;
 
+/// [`MIN_ROW_COPY_REUSE`] for a [`row_copy`] in panels of short rows: such an input is small
+/// (49 or 196 pixels a channel), read from cache rather than memory, so fewer filters pay for
+/// it. MobileNet-V2's 1x1 convolutions, panels against none (`harl-bench probe --against`, AVX2
+/// Zen 3, 1 thread): 96 filters 60 -> 71-89 GFLOP/s, 160 filters 47-49 -> 57-81; with 64 filters
+/// one ran 5% slower (94 -> 89), another faster, so 64 stays out.
+const MIN_PANEL_COPY_REUSE: usize = 96;
+
 /// An activation's rows must be at least this many elements long for its panel copy to pay:
 /// shorter rows (a 64-wide attention head) sit within a few pages and stream well as they are.
 const MIN_PANEL_ROW: usize = 256;
@@ -302,7 +309,12 @@ pub fn row_copy(
         return None;
     }
     let copied = sampled.iter().try_fold(1usize, |n, &e| n.checked_mul(e))?;
-    if copied.checked_mul(MIN_ROW_COPY_REUSE)? > work_of(stage)? {
+    let reuse = if panel.is_some() {
+        MIN_PANEL_COPY_REUSE
+    } else {
+        MIN_ROW_COPY_REUSE
+    };
+    if copied.checked_mul(reuse)? > work_of(stage)? {
         return None;
     }
     Some(Layout {
