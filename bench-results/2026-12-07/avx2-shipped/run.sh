@@ -5,6 +5,7 @@
 set -u
 B=target/release/harl-bench
 D=${OUT:-bench-results/2026-12-07/avx2-shipped}
+mkdir -p "$D"
 for r in $(seq 1 ${ROUNDS:-2}); do
   for net in ${NETS:-mobilenetv2 resnet50}; do
     env -u HARL_CACHE_DIR $B e2e --model out/nets/$net.onnx --threads 1,2 --rounds 3 --out $D/$net-default-$r > $D/$net-default-$r.log 2>&1
