@@ -5,8 +5,8 @@
 #   retime_records.sh NET CLASS THREADS OUT      e.g. mobilenetv2 x86_64-avx2 2 out/retime
 #
 # NET names tuning-cache/networks/NET.json; CLASS the record file. Writes OUT/<kernel>.log
-# (probe's table) and prints one line per task: default and record GFLOP/s (medians of the
-# two default runs and of the record's), and record / default. KERNELS="net_t3 net_t6" limits
+# (probe's table) and prints one line per task: default and record median latencies (the
+# default's: the median of its two runs) and the record's speed over the default's. KERNELS="net_t3 net_t6" limits
 # it to those tasks; PROBE_TIMEOUT (seconds, default 300) bounds each probe.
 set -eu
 NET=$1 CLASS=$2 THREADS=$3 OUT=$4
@@ -32,10 +32,10 @@ import sys, statistics
 rows = {}
 for l in open(sys.argv[1]):
     c = [x.strip() for x in l.split("|")]
-    if len(c) > 3 and c[1] in ("default", "default (again)") or (len(c) > 3 and c[1].endswith(".record")):
-        rows[c[1]] = float(c[2])
+    if len(c) > 7 and (c[1] in ("default", "default (again)") or c[1].endswith(".record")):
+        rows[c[1]] = float(c[6])
 d = statistics.median([rows.get("default", 0), rows.get("default (again)", 0)])
 r = next((v for n, v in rows.items() if n.endswith(".record")), 0)
-print(f"{sys.argv[2]:10s} default {d:7.1f}  record {r:7.1f}  record/default {r / d if d else 0:5.2f}")
+print(f"{sys.argv[2]:10s} default {d:9.1f} us  record {r:9.1f} us  record speed / default {d / r if r else 0:5.2f}")
 PY
 done

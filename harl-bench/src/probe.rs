@@ -108,16 +108,21 @@ pub fn run(p: &Probe<'_>) -> Result<(), Error> {
     let flush = if p.cold { COLD_FLUSH_BYTES } else { 0 };
     let latencies = measure_rotating_flushed(&graph, &schedules, threads, rounds, flush)?;
     let flops = graph.flops();
-    println!("| schedule | median GFLOP/s | min | max | runs |\n|---|---|---|---|---|");
+    // The latency column too: a task without multiply-adds (a transpose) has no GFLOP/s.
+    println!(
+        "| schedule | median GFLOP/s | min | max | runs | median us |\n|---|---|---|---|---|---|"
+    );
     for ((name, _), mut l) in named.into_iter().zip(latencies) {
         l.sort_by(f64::total_cmp);
         let g = |x: Option<&f64>| x.map_or("-".into(), |x| format!("{:.1}", flops / x / 1e9));
+        let median = l.get(l.len() / 2);
         println!(
-            "| {name} | {} | {} | {} | {} |",
-            g(l.get(l.len() / 2)),
+            "| {name} | {} | {} | {} | {} | {} |",
+            g(median),
             g(l.last()),
             g(l.first()),
-            l.len()
+            l.len(),
+            median.map_or("-".into(), |x| format!("{:.1}", x * 1e6))
         );
     }
     Ok(())
