@@ -267,12 +267,11 @@ fn plan(
         let copy = layout.or(panels);
         // In panels of the register tile's rows where the row is read in tiles of them.
         let rows = plan.as_ref().filter(|_| options.layouts).and_then(|p| {
-            let row_tile = if p.row_axis.is_some() && p.row_axis == stage.n_spatial().checked_sub(1)
-            {
-                p.row[2]
-            } else {
-                1
-            };
+            let last = stage.n_spatial().checked_sub(1);
+            let row_tile = p
+                .row_axis
+                .filter(|&a| Some(a) == last)
+                .map_or(1, |_| p.row[2]);
             crate::layout::row_copy(graph, s, copy.as_ref(), row_tile)
         });
         let tiled = plan.map(|plan| emit_tiled(&mut steps, graph, s, &plan, streams));

@@ -570,6 +570,29 @@ mod tests {
     use super::*;
     use harl_te::ops::workloads as w;
 
+    /// An AVX2 target with `threads` threads, as the tests below plan for.
+    fn avx2(threads: usize) -> CpuTarget {
+        CpuTarget {
+            vector_bytes: 32,
+            acc_registers: 12,
+            vector_registers: 16,
+            threads,
+        }
+    }
+
+    /// Small integers for each of `g`'s inputs, so that sums in any order are exact.
+    fn sample_inputs(g: &Graph) -> Vec<Vec<f64>> {
+        g.inputs
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                (0..p.shape.iter().product::<usize>())
+                    .map(|j| ((j * 7 + i * 3) % 11) as f64 - 5.0)
+                    .collect()
+            })
+            .collect()
+    }
+
     /// A flattened 1x1 convolution `y[n, f, p] = sum_c w[f, c] x[n, c, p]`.
     fn pointwise(c: usize, f: usize, pixels: usize) -> Graph {
         let mut b = harl_te::GraphBuilder::new();
@@ -654,12 +677,7 @@ mod tests {
         let l = row_copy(&g, s, None, 1).expect("a row copy");
         assert_eq!((l.input, l.order, l.panel), (0, vec![0, 2, 1, 3], None));
         // The default schedule makes it, beside the filter's layout.
-        let avx2 = CpuTarget {
-            vector_bytes: 32,
-            acc_registers: 12,
-            vector_registers: 16,
-            threads: 2,
-        };
+        let avx2 = avx2(2);
         let steps = crate::default_schedule::default_schedule(&g, &avx2).steps;
         let copies: Vec<usize> = steps
             .iter()
@@ -685,12 +703,7 @@ mod tests {
     /// few filters to reuse the copy, there is no panel copy.
     #[test]
     fn short_flattened_rows_are_read_in_panels_of_the_tile() {
-        let avx2 = CpuTarget {
-            vector_bytes: 32,
-            acc_registers: 12,
-            vector_registers: 16,
-            threads: 2,
-        };
+        let avx2 = avx2(2);
         let mut g = pointwise(160, 256, 49);
         g.inputs[1].constant = true;
         let s = g.stages.len() - 1;
@@ -717,16 +730,7 @@ mod tests {
             "{schedule:?}"
         );
         let program = crate::lower::lower(&g, &schedule).expect("lowers");
-        let inputs: Vec<Vec<f64>> = g
-            .inputs
-            .iter()
-            .enumerate()
-            .map(|(i, p)| {
-                (0..p.shape.iter().product::<usize>())
-                    .map(|j| ((j * 7 + i * 3) % 11) as f64 - 5.0)
-                    .collect()
-            })
-            .collect();
+        let inputs = sample_inputs(&g);
         let refs: Vec<&[f64]> = inputs.iter().map(|v| v.as_slice()).collect();
         let want = harl_te::interp::run(&g, &refs).expect("graph");
         let got = crate::loop_ir::execute(&program, &refs).expect("loop nest");
@@ -738,12 +742,7 @@ mod tests {
     /// convolution of the same shape keeps its row tile.
     #[test]
     fn windowed_rows_take_the_filter_axis_when_the_model_says_so() {
-        let avx2 = CpuTarget {
-            vector_bytes: 32,
-            acc_registers: 12,
-            vector_registers: 16,
-            threads: 1,
-        };
+        let avx2 = avx2(1);
         let mut g = w::conv2d(1, 64, 56, 56, 64, 3, 3, 1, 1, 1, 1).expect("conv2d");
         g.inputs[1].constant = true;
         let s = g.stages.len() - 1;
@@ -777,12 +776,7 @@ mod tests {
         let e = Expr::Axis(2) * Expr::int(2) + Expr::Axis(5);
         assert_eq!(sampled_index(&e, 2, &ext), Some(Expr::Axis(2)));
         assert_eq!(sampled_index(&(e + Expr::int(1)), 2, &ext), None);
-        let avx2 = CpuTarget {
-            vector_bytes: 32,
-            acc_registers: 12,
-            vector_registers: 16,
-            threads: 2,
-        };
+        let avx2 = avx2(2);
         let schedule = crate::default_schedule::default_schedule(&g, &avx2);
         let program = crate::lower::lower(&g, &schedule).expect("lowers");
         let copy = program
@@ -792,16 +786,7 @@ mod tests {
             .find(|st| st.name.ends_with("_read0"))
             .expect("the input's copy");
         assert_eq!(copy.shape, vec![1, 7, 16, 7], "{schedule:?}");
-        let inputs: Vec<Vec<f64>> = g
-            .inputs
-            .iter()
-            .enumerate()
-            .map(|(i, p)| {
-                (0..p.shape.iter().product::<usize>())
-                    .map(|j| ((j * 7 + i * 3) % 11) as f64 - 5.0)
-                    .collect()
-            })
-            .collect();
+        let inputs = sample_inputs(&g);
         let refs: Vec<&[f64]> = inputs.iter().map(|v| v.as_slice()).collect();
         let want = harl_te::interp::run(&g, &refs).expect("graph");
         let got = harl_te::interp::run(&program.graph, &refs).expect("scheduled graph");
