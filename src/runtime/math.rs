@@ -28,6 +28,24 @@ const LN2_LO: f32 = 1.428_606_8e-6;
 /// 1.5 * 2^23: adding and subtracting it rounds to the nearest integer (ties to even).
 const ROUND: f32 = 12_582_912.0;
 
+/// e^r on |r| <= ln2/2: the Taylor polynomial to degree 7 (truncation < 2^-27 relative), the
+/// highest coefficient first (Horner's order).
+const EXP_TAYLOR: [f32; 8] = [
+    1.0 / 5040.0,
+    1.0 / 720.0,
+    1.0 / 120.0,
+    1.0 / 24.0,
+    1.0 / 6.0,
+    0.5,
+    1.0,
+    1.0,
+];
+
+#[cfg(target_arch = "x86")]
+use core::arch::x86 as arch;
+#[cfg(target_arch = "x86_64")]
+use core::arch::x86_64 as arch;
+
 /// 2^k for `k` in [-126, 127], built from its bits.
 #[inline(always)]
 fn pow2i(k: i32) -> f32 {
@@ -47,18 +65,9 @@ pub fn exp_f32<const FMA: bool>(x: f32) -> f32 {
     let n = t - ROUND;
     let ni = (t.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
     let r = madd::<FMA>(-n, LN2_LO, madd::<FMA>(-n, LN2_HI, xc));
-    // e^r on |r| <= ln2/2: the Taylor polynomial to degree 7 (truncation < 2^-27 relative).
-    let mut p = 1.0 / 5040.0;
-    for c in [
-        1.0 / 720.0,
-        1.0 / 120.0,
-        1.0 / 24.0,
-        1.0 / 6.0,
-        0.5,
-        1.0,
-        1.0,
-    ] {
-        p = madd::<FMA>(r, p, c);
+    let mut p = EXP_TAYLOR[0];
+    for c in &EXP_TAYLOR[1..] {
+        p = madd::<FMA>(r, p, *c);
     }
     // 2^n in two halves, so that n in [-150, 129] never leaves the exponent's range: the
     // product overflows to inf or rounds to a subnormal or 0 as the true result does.
@@ -69,6 +78,53 @@ pub fn exp_f32<const FMA: bool>(x: f32) -> f32 {
     } else {
         y
     }
+}
+
+/// [`exp_f32::<true>`] over the 8 lanes of an AVX2 vector, bit for bit: the same operations
+/// on every lane, and, where every lane's result is a normal number (the usual case), 2^n
+/// added to the polynomial's exponent in one integer add instead of the two multiplies that
+/// keep subnormal and overflowing results right (taken for the whole vector otherwise). The
+/// clamp passes NaN through (`max` and `min` return their second operand when one is NaN),
+/// so no final select is needed. For the AVX2 variant's explicit vector loops, where the
+/// 8-lane scalar loop stayed scalar (an element cost 1.7 ns against 0.4 here).
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA (the caller's `#[target_feature]`, or detection).
+#[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub fn exp_f32x8(x: arch::__m256) -> arch::__m256 {
+    use arch::*;
+    let xc = _mm256_min_ps(
+        _mm256_set1_ps(89.0),
+        _mm256_max_ps(_mm256_set1_ps(-104.0), x),
+    );
+    let round = _mm256_set1_ps(ROUND);
+    let t = _mm256_fmadd_ps(xc, _mm256_set1_ps(LOG2_E), round);
+    let n = _mm256_sub_ps(t, round);
+    let ni = _mm256_sub_epi32(_mm256_castps_si256(t), _mm256_castps_si256(round));
+    let r = _mm256_fnmadd_ps(
+        n,
+        _mm256_set1_ps(LN2_LO),
+        _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), xc),
+    );
+    let mut p = _mm256_set1_ps(EXP_TAYLOR[0]);
+    for c in &EXP_TAYLOR[1..] {
+        p = _mm256_fmadd_ps(r, p, _mm256_set1_ps(*c));
+    }
+    // p is in [0.70, 1.42]: p * 2^n is normal for n in [-125, 126]. A NaN's n is far outside.
+    let outside = _mm256_or_si256(
+        _mm256_cmpgt_epi32(ni, _mm256_set1_epi32(126)),
+        _mm256_cmpgt_epi32(_mm256_set1_epi32(-125), ni),
+    );
+    if _mm256_testz_si256(outside, outside) != 0 {
+        let scaled = _mm256_add_epi32(_mm256_castps_si256(p), _mm256_slli_epi32::<23>(ni));
+        return _mm256_castsi256_ps(scaled);
+    }
+    let n1 = _mm256_srai_epi32::<1>(ni);
+    let bias = _mm256_set1_epi32(127);
+    let pow2 = |k: __m256i| _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(k, bias)));
+    _mm256_mul_ps(_mm256_mul_ps(p, pow2(n1)), pow2(_mm256_sub_epi32(ni, n1)))
 }
 
 /// The natural logarithm (at most 2 ulp); `FMA` as for [`exp_f32`].
@@ -285,6 +341,50 @@ mod tests {
             let (u, at) = worst(f, libm::erf, sweep(-4.0, 4.0, 11));
             println!("erf_f32{form} on [-4, 4]: at most {u} ulp (worst at {at})");
             assert!(u <= 4, "{u} ulps at {at} (the curved part){form}");
+        }
+    }
+
+    /// The AVX2 exp against the scalar one, bit for bit: every lane of vectors that mix
+    /// results of both paths (normal, subnormal, overflowing, NaN) and vectors of one kind.
+    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+    #[test]
+    fn the_avx2_exp_is_the_scalar_exp_bit_for_bit() {
+        use super::arch::*;
+        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
+            eprintln!("this CPU has no AVX2 and FMA: exp_f32x8 cannot run here");
+            return;
+        }
+        let mut xs: Vec<f32> = sweep(f32::MIN, f32::MAX, STEP)
+            .chain(sweep(-104.5, 89.5, 7))
+            .collect();
+        xs.extend([
+            f32::NAN,
+            -f32::NAN,
+            f32::from_bits(0x7f80_0001),
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            0.0,
+            -0.0,
+            f32::MIN_POSITIVE,
+        ]);
+        // In file order (runs of one kind) and interleaved (lanes of every kind together).
+        let stride = xs.len() / 8 + 1;
+        let interleaved: Vec<f32> = (0..stride)
+            .flat_map(|i| xs.iter().skip(i).step_by(stride).copied())
+            .collect();
+        for x8 in xs.chunks_exact(8).chain(interleaved.chunks_exact(8)) {
+            let mut got = [0.0f32; 8];
+            // SAFETY: AVX2 and FMA were detected above; loads and stores of 8 floats.
+            unsafe {
+                _mm256_storeu_ps(got.as_mut_ptr(), exp_f32x8(_mm256_loadu_ps(x8.as_ptr())));
+            }
+            for (x, g) in x8.iter().zip(got) {
+                let want = exp_f32::<true>(*x);
+                assert!(
+                    g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()),
+                    "exp({x:e}): {g:e} against {want:e}"
+                );
+            }
         }
     }
 

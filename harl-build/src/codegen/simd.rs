@@ -410,11 +410,18 @@ impl Cx<'_> {
                 let x = self.vector_expr(w, var, a)?;
                 Some(w.op("sqrt", &[&x]))
             }
+            Expr::Unary(UnaryOp::Exp, a) if w.lanes == YMM.lanes => {
+                // Written with AVX2 intrinsics, the scalar exp's results bit for bit (both
+                // variants that emit 8-lane vectors enable AVX2 and FMA).
+                let x = self.vector_expr(w, var, a)?;
+                Some(format!("::harl::runtime::math::exp_f32x8({x})"))
+            }
             Expr::Unary(op @ (UnaryOp::Exp | UnaryOp::Log | UnaryOp::Tanh | UnaryOp::Erf), a) => {
                 // harl's branch-free functions (the scalar code's, in these variants) over the
                 // lanes: a loop the compiler vectorises once it sees it whole. It does so for
                 // 16 lanes; an 8-lane copy of exp stayed scalar on AVX2 (1.7 ns an element
-                // against 0.4 as a plain loop), so narrower vectors leave the loop to it.
+                // against 0.4 as a plain loop), so narrower vectors leave the loop to it (but
+                // for exp, above).
                 if w.lanes != ZMM.lanes {
                     return None;
                 }
