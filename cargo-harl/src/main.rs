@@ -3,7 +3,8 @@
 //! - `cargo harl tune`: tunes a crate's kernels on this machine and writes its `tuning-cache/`
 //!   (a build script with `HARL_TUNE=on` calls the same command with `--manifest`);
 //! - `cargo harl report`: the tuning table and best-so-far plots of the last tunes;
-//! - `cargo harl cache list|merge|verify|prune`: tuning-cache files.
+//! - `cargo harl cache list|merge|verify|prune`: tuning-cache files;
+//! - `cargo harl cache retime`: a crate's records timed again beside today's defaults.
 //!
 //! Cargo runs `cargo-harl harl <args>` for `cargo harl <args>`; running `cargo-harl` by hand
 //! takes the same arguments after `harl`.
@@ -86,6 +87,9 @@ pub enum CacheCommand {
         #[arg(long = "crate", value_name = "DIR")]
         krate: Option<PathBuf>,
     },
+    /// Times every record a crate's build could pick on this CPU beside the schedule it would
+    /// use without it (this harl's default); with `--drop`, removes the records that lose.
+    Retime(commands::retime::RetimeArgs),
 }
 
 fn main() -> ExitCode {

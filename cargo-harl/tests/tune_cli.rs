@@ -190,3 +190,96 @@ fn bad_arguments_and_manifests_are_clear_errors() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("need 0 <= I < N"));
 }
+
+/// `cache retime` times each record a build could pick beside the default, and `--drop`
+/// removes exactly the records its table calls slower (or failed); records of workloads the
+/// crate does not have stay, lines that do not parse go and are reported. Which verdict a
+/// record gets is timing, so the test checks that the file follows the table, not the table.
+#[test]
+fn retime_times_records_beside_the_default_and_drop_removes_what_loses() {
+    let work = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/retime-cli-test");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cache = dir.path().join("cache");
+    std::fs::create_dir(&cache).expect("mkdir");
+    let m = manifest(&work, &cache);
+    let target = TargetFingerprint::host();
+    let record = |graph: &harl_te::Graph, schedule: harl_build::schedule::Schedule| {
+        harl_build::cache::Record::new(graph.workload_key(), "w", target.clone(), schedule, 1e-9, 1)
+    };
+    let mm = workloads::matmul(32, 32, 32).expect("matmul");
+    let dense = workloads::dense_bias_relu(8, 32, 16).expect("dense");
+    let other = workloads::matmul(8, 8, 8).expect("matmul");
+    // The loops as declared: scalar, slow; and the same workload's naive schedule once more
+    // with a parallel outer loop.
+    let naive = harl_build::schedule::Schedule::default();
+    let mut parallel = naive.clone();
+    parallel
+        .steps
+        .push(harl_build::schedule::Step::Parallel { stage: 0, at: 0 });
+    let records = [
+        record(&mm, naive.clone()),
+        record(&mm, parallel),
+        record(&dense, naive.clone()),
+        record(&other, naive),
+    ];
+    let file = TuningCache::new(&cache).path_for(&target.isa_class);
+    let mut text: String = records
+        .iter()
+        .map(|r| serde_json::to_string(r).expect("json") + "\n")
+        .collect();
+    text.push_str("not a record\n");
+    std::fs::write(&file, &text).expect("write");
+
+    let rows = |out: &str| -> Vec<(String, String)> {
+        out.lines()
+            .filter(|l| l.starts_with("| mm_a") || l.starts_with("| dense"))
+            .map(|l| {
+                let c: Vec<&str> = l.split('|').map(str::trim).collect();
+                (c[1].to_string(), c[8].to_string())
+            })
+            .collect()
+    };
+    let looked = ok(&tool(&[
+        "cache",
+        "retime",
+        "--manifest",
+        s(&m),
+        "--rounds",
+        "1",
+    ]));
+    let table = rows(&looked);
+    // mm_a's two records (mm_a_again shares them) and dense's one; mm_b has none.
+    assert_eq!(table.len(), 3, "{looked}");
+    assert_eq!(table.iter().filter(|(k, _)| k == "mm_a").count(), 2);
+    assert_eq!(
+        std::fs::read_to_string(&file).expect("read"),
+        text,
+        "no --drop: untouched"
+    );
+
+    let dropped = ok(&tool(&[
+        "cache",
+        "retime",
+        "--manifest",
+        s(&m),
+        "--rounds",
+        "1",
+        "--drop",
+    ]));
+    let table = rows(&dropped);
+    let losers = table
+        .iter()
+        .filter(|(_, v)| v.starts_with("slower") || v.starts_with("failed"))
+        .count();
+    assert!(
+        dropped.contains(".jsonl:5: dropped: invalid JSON"),
+        "the bad line is reported: {dropped}"
+    );
+    let (left, warnings) = TuningCache::new(&cache).records(&target.isa_class);
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(left.len(), 4 - losers, "{dropped}");
+    assert!(
+        left.iter().any(|r| r.workload_key == other.workload_key()),
+        "another workload's record stays"
+    );
+}

@@ -236,10 +236,6 @@ pub fn run(
     let Some(mut model) = model else {
         return Ok(outcomes);
     };
-    let harl_root = manifest
-        .harl_root
-        .clone()
-        .ok_or_else(|| JobError::NoHarl(manifest.package.clone()))?;
     let threads = threads(manifest, options);
     let failed = |note: String| -> Vec<TuneOutcome> {
         kernels
@@ -250,33 +246,10 @@ pub fn run(
             })
             .collect()
     };
-    let Some(variant) = Variant::ALL
-        .into_iter()
-        .find(|v| v.isa_class(&manifest.target.arch) == manifest.target.isa_class)
-    else {
-        outcomes.extend(failed(format!(
-            "no code variant for ISA class {}",
-            manifest.target.isa_class
-        )));
-        return Ok(outcomes);
-    };
-    // Beside the generated code, not in it (`OUT_DIR/harl-measure`, where builds always kept
-    // it): the workers' release build of harl and rayon is reused across tunes.
-    let work_dir = manifest.gen_dir.parent().map_or_else(
-        || manifest.gen_dir.join("measure"),
-        |out| out.join("harl-measure"),
-    );
-    let mut config = MeasureConfig::new(work_dir, &harl_root);
-    config.threads = threads;
-    // The manifest's class may be below the host's (`HARL_ISA=avx2` in the build): workers
-    // then build and dispatch to that variant.
-    config.variant = Some(variant);
-    config.flush_bytes = if options.cold { COLD_FLUSH_BYTES } else { 0 };
-    config.seed = options.seed;
-    let mut measurer = match Measurer::new(config) {
+    let (mut measurer, variant) = match measurer(manifest, threads, options)? {
         Ok(m) => m,
-        Err(e) => {
-            outcomes.extend(failed(format!("cannot measure: {e}")));
+        Err(note) => {
+            outcomes.extend(failed(note));
             return Ok(outcomes);
         }
     };
@@ -291,6 +264,44 @@ pub fn run(
         progress,
     ));
     Ok(outcomes)
+}
+
+/// The measurer of a job on `manifest`'s CPU and the code variant it builds: workers build and
+/// dispatch to the manifest's ISA class, which may be below the host's (`HARL_ISA=avx2` in
+/// the build). `Err` for a crate that cannot be measured at all; `Ok(Err(note))` when this
+/// machine cannot measure it (the kernels keep their defaults, with the note).
+pub fn measurer(
+    manifest: &Manifest,
+    threads: usize,
+    options: &JobOptions,
+) -> Result<Result<(Measurer, Variant), String>, JobError> {
+    let harl_root = manifest
+        .harl_root
+        .clone()
+        .ok_or_else(|| JobError::NoHarl(manifest.package.clone()))?;
+    let Some(variant) = Variant::ALL
+        .into_iter()
+        .find(|v| v.isa_class(&manifest.target.arch) == manifest.target.isa_class)
+    else {
+        return Ok(Err(format!(
+            "no code variant for ISA class {}",
+            manifest.target.isa_class
+        )));
+    };
+    // Beside the generated code, not in it (`OUT_DIR/harl-measure`, where builds always kept
+    // it): the workers' release build of harl and rayon is reused across tunes.
+    let work_dir = manifest.gen_dir.parent().map_or_else(
+        || manifest.gen_dir.join("measure"),
+        |out| out.join("harl-measure"),
+    );
+    let mut config = MeasureConfig::new(work_dir, &harl_root);
+    config.threads = threads;
+    config.variant = Some(variant);
+    config.flush_bytes = if options.cold { COLD_FLUSH_BYTES } else { 0 };
+    config.seed = options.seed;
+    Ok(Measurer::new(config)
+        .map(|m| (m, variant))
+        .map_err(|e| format!("cannot measure: {e}")))
 }
 
 fn blank_outcome(kernel: &ManifestKernel) -> TuneOutcome {

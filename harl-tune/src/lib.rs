@@ -11,7 +11,7 @@
 //! task's measured history), [`strategy`] (random, evolutionary, annealing, HARL), [`tuner`]
 //! (the loop), [`task_scheduler`] (which task next: round robin, gradient, SW-UCB),
 //! [`cost_model`] (XGBoost, random) over [`features`], [`measure`] (the `Measure` trait, CPU and
-//! GPU measurers) and [`job`]. Strategies see the space only through [`task::TaskState`] and the
+//! GPU measurers), [`job`] and [`retime`] (shipped records timed again beside the default). Strategies see the space only through [`task::TaskState`] and the
 //! cost model through [`cost_model::CostModel`], so HARL's own search plugs in beside the
 //! baselines and every strategy and the one loop serve the CPU and the GPU alike.
 
@@ -23,6 +23,7 @@ pub mod dense;
 pub mod features;
 pub mod job;
 pub mod measure;
+pub mod retime;
 /// The seeded generator (shared with the GPU sketch, which needs no tuning stack).
 pub use harl_build::rng;
 pub mod space;

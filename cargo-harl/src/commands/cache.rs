@@ -1,4 +1,4 @@
-//! `cargo harl cache list|merge|verify|prune`: tuning-cache files read with the same reader,
+//! `cargo harl cache list|merge|verify|prune` (and `retime`, in its own module): tuning-cache files read with the same reader,
 //! parser and limits as a build's lookup, written with the same lock and atomic rename as a
 //! build's append. Text from a file is escaped before it is printed.
 
@@ -41,6 +41,9 @@ pub enum CacheToolError {
     /// A merge into one file of records of several ISA classes.
     #[error("records of several ISA classes ({0}) cannot share one file; give -o a directory")]
     MixedClasses(String),
+    /// A retime failed.
+    #[error(transparent)]
+    Retime(#[from] super::retime::RetimeError),
     /// The crate's sources could not be scanned.
     #[error("{}: {source}", path.display())]
     Scan {
@@ -167,6 +170,7 @@ pub fn run(cmd: CacheCommand) -> Result<ExitCode, CacheToolError> {
         CacheCommand::Merge { files, out } => merge(&files, &out),
         CacheCommand::Verify { files, krate } => verify(&files, krate.as_deref()),
         CacheCommand::Prune { files, krate } => prune(&files, krate.as_deref()),
+        CacheCommand::Retime(args) => Ok(super::retime::run(args)?),
     }
 }
 
