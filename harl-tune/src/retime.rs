@@ -132,9 +132,11 @@ pub fn candidates(manifest: &Manifest) -> (Vec<Retimed>, Vec<String>) {
     (out, warnings)
 }
 
-/// Times each record of `work` beside the default schedule for `cpu`, `rounds` rounds of one
-/// batch each (the default first in round 0, the order rotating), and returns each record's
-/// medians, in `work`'s order.
+/// Times each record of `work` beside the default schedule for `cpu`, `rounds` rounds; a
+/// round times every workload once, one batch each (its default and its records, the order
+/// rotating from round to round), so that a slow spell of a shared machine falls on one round
+/// of many workloads rather than on every round of one. Returns each record's timing, in
+/// `work`'s order.
 pub fn retime(
     manifest: &Manifest,
     work: &[Retimed],
@@ -142,12 +144,26 @@ pub fn retime(
     measurer: &mut dyn Measure,
     rounds: usize,
 ) -> Vec<RecordTiming> {
-    let mut out = Vec::new();
     measurer.set_best(None);
-    for w in work {
-        let mut schedules = vec![default_schedule(&w.graph, cpu)];
-        schedules.extend(w.records.iter().map(|r| r.schedule.clone()));
-        let runs = rotating_runs(measurer, &w.graph, &schedules, rounds);
+    let schedules: Vec<Vec<Schedule>> = work
+        .iter()
+        .map(|w| {
+            std::iter::once(default_schedule(&w.graph, cpu))
+                .chain(w.records.iter().map(|r| r.schedule.clone()))
+                .collect()
+        })
+        .collect();
+    let mut runs: Vec<Vec<Runs>> = schedules
+        .iter()
+        .map(|s| s.iter().map(|_| Runs::default()).collect())
+        .collect();
+    for round in 0..rounds.max(1) {
+        for ((w, s), r) in work.iter().zip(&schedules).zip(&mut runs) {
+            time_round(measurer, &w.graph, s, round, r);
+        }
+    }
+    let mut out = Vec::new();
+    for (w, runs) in work.iter().zip(&runs) {
         let default = &runs[0];
         for (record, timed) in w.records.iter().zip(&runs[1..]) {
             let paired: Vec<(f64, f64)> = default
@@ -172,6 +188,7 @@ pub fn retime(
 }
 
 /// One schedule's runs: its latency in each round (`None` where it failed) and its last error.
+#[derive(Default)]
 struct Runs {
     latencies: Vec<Option<f64>>,
     error: Option<String>,
@@ -185,35 +202,28 @@ impl Runs {
     }
 }
 
-/// Each schedule timed once a round, `rounds` batches in a rotating order.
-fn rotating_runs(
+/// Round `round` of one workload: its schedules timed in one batch, the order rotated by the
+/// round, each result added to its schedule's runs.
+fn time_round(
     measurer: &mut dyn Measure,
     graph: &Graph,
     schedules: &[Schedule],
-    rounds: usize,
-) -> Vec<Runs> {
+    round: usize,
+    runs: &mut [Runs],
+) {
     let n = schedules.len();
-    let mut runs: Vec<Runs> = (0..n)
-        .map(|_| Runs {
-            latencies: Vec::new(),
-            error: None,
-        })
-        .collect();
-    for round in 0..rounds.max(1) {
-        let order: Vec<usize> = (0..n).map(|k| (k + round) % n).collect();
-        let batch: Vec<Schedule> = order.iter().map(|&i| schedules[i].clone()).collect();
-        let mut results = measurer.measure(graph, &batch).into_iter();
-        for &i in &order {
-            let r = results
-                .next()
-                .unwrap_or_else(|| Err("the measurer returned no result".into()));
-            runs[i].latencies.push(r.as_ref().ok().copied());
-            if let Err(e) = r {
-                runs[i].error = Some(e);
-            }
+    let order: Vec<usize> = (0..n).map(|k| (k + round) % n).collect();
+    let batch: Vec<Schedule> = order.iter().map(|&i| schedules[i].clone()).collect();
+    let mut results = measurer.measure(graph, &batch).into_iter();
+    for &i in &order {
+        let r = results
+            .next()
+            .unwrap_or_else(|| Err("the measurer returned no result".into()));
+        runs[i].latencies.push(r.as_ref().ok().copied());
+        if let Err(e) = r {
+            runs[i].error = Some(e);
         }
     }
-    runs
 }
 
 #[cfg(test)]
