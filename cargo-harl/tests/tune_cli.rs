@@ -239,14 +239,12 @@ fn retime_times_records_beside_the_default_and_drop_removes_what_loses() {
             })
             .collect()
     };
-    let looked = ok(&tool(&[
-        "cache",
-        "retime",
-        "--manifest",
-        s(&m),
-        "--rounds",
-        "1",
-    ]));
+    let retime = |extra: &[&str]| {
+        let mut args = vec!["cache", "retime", "--manifest", s(&m), "--rounds", "1"];
+        args.extend_from_slice(extra);
+        ok(&tool(&args))
+    };
+    let looked = retime(&[]);
     let table = rows(&looked);
     // mm_a's two records (mm_a_again shares them) and dense's one; mm_b has none.
     assert_eq!(table.len(), 3, "{looked}");
@@ -257,15 +255,7 @@ fn retime_times_records_beside_the_default_and_drop_removes_what_loses() {
         "no --drop: untouched"
     );
 
-    let dropped = ok(&tool(&[
-        "cache",
-        "retime",
-        "--manifest",
-        s(&m),
-        "--rounds",
-        "1",
-        "--drop",
-    ]));
+    let dropped = retime(&["--drop"]);
     let table = rows(&dropped);
     let losers = table
         .iter()

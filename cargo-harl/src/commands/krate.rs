@@ -107,3 +107,29 @@ pub fn manifests(
     }
     Ok(found)
 }
+
+/// Where a command finds the crate's kernels: a build's manifest, or the crate, built.
+#[derive(clap::Args, Debug)]
+pub struct KernelsArgs {
+    /// The crate's Cargo.toml (default: the one cargo finds from the current directory).
+    #[arg(long, value_name = "PATH")]
+    pub manifest_path: Option<PathBuf>,
+    /// The kernels of this build manifest (`OUT_DIR/harl/manifest.json`) instead of building
+    /// the crate; build scripts pass it to `tune`.
+    #[arg(long, value_name = "FILE", conflicts_with = "manifest_path")]
+    pub manifest: Option<PathBuf>,
+    /// Build the crate in release mode to find its kernels (the same kernels; the release
+    /// build's tuning logs).
+    #[arg(long)]
+    pub release: bool,
+}
+
+impl KernelsArgs {
+    /// The manifests: the one named, or those the crate's build writes.
+    pub fn load(&self) -> Result<Vec<(PathBuf, Manifest)>, CrateError> {
+        match &self.manifest {
+            Some(path) => Ok(vec![(path.clone(), Manifest::read(path)?)]),
+            None => manifests(self.manifest_path.as_deref(), self.release),
+        }
+    }
+}

@@ -15,29 +15,20 @@ use super::progress::render;
 /// `cargo harl report` arguments.
 #[derive(Args, Debug)]
 pub struct ReportArgs {
-    /// The crate's Cargo.toml (default: the one cargo finds from the current directory).
-    #[arg(long, value_name = "PATH")]
-    pub manifest_path: Option<PathBuf>,
-    /// A build manifest (`OUT_DIR/harl/manifest.json`) instead of building the crate.
-    #[arg(long, value_name = "FILE", conflicts_with = "manifest_path")]
-    pub manifest: Option<PathBuf>,
+    /// Where the kernels are.
+    #[command(flatten)]
+    pub kernels: krate::KernelsArgs,
     /// Where the plots go.
     #[arg(long, default_value = "harl-report")]
     pub out: PathBuf,
-    /// Read the logs of the release build's tunes.
-    #[arg(long)]
-    pub release: bool,
 }
 
 /// Why a report could not be made.
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
-    /// The crate's kernels could not be found.
+    /// The crate's kernels (its manifests) could not be found or read.
     #[error(transparent)]
     Crate(#[from] krate::CrateError),
-    /// A manifest is unreadable.
-    #[error(transparent)]
-    Manifest(#[from] harl_build::manifest::ManifestError),
     /// Writing a plot failed.
     #[error("{}: {why}", path.display())]
     Plot {
@@ -114,13 +105,7 @@ fn tunes(manifest: &Manifest) -> Vec<Tune> {
 
 /// Runs the command.
 pub fn run(args: ReportArgs) -> Result<ExitCode, ReportError> {
-    let manifests: Vec<Manifest> = match &args.manifest {
-        Some(path) => vec![Manifest::read(path)?],
-        None => krate::manifests(args.manifest_path.as_deref(), args.release)?
-            .into_iter()
-            .map(|(_, m)| m)
-            .collect(),
-    };
+    let manifests: Vec<Manifest> = args.kernels.load()?.into_iter().map(|(_, m)| m).collect();
     let all: Vec<Tune> = manifests.iter().flat_map(tunes).collect();
     if all.is_empty() {
         println!("no tunes logged for this crate yet: run `cargo harl tune` first");

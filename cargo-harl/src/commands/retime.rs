@@ -20,13 +20,9 @@ use super::krate;
 /// `cargo harl cache retime` arguments.
 #[derive(Args, Debug)]
 pub struct RetimeArgs {
-    /// The crate's Cargo.toml (default: the one cargo finds from the current directory).
-    #[arg(long, value_name = "PATH")]
-    pub manifest_path: Option<PathBuf>,
-    /// The kernels of this build manifest (`OUT_DIR/harl/manifest.json`) instead of building
-    /// the crate.
-    #[arg(long, value_name = "FILE", conflicts_with = "manifest_path")]
-    pub manifest: Option<PathBuf>,
+    /// Where the kernels are.
+    #[command(flatten)]
+    pub kernels: krate::KernelsArgs,
     /// Rounds: each round times the default and the workload's records once, in one worker
     /// batch, in a rotating order; the figures are medians over the rounds.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=100))]
@@ -45,9 +41,6 @@ pub struct RetimeArgs {
     /// Time with the caches evicted before each timed run (weights and inputs from memory).
     #[arg(long)]
     pub cold: bool,
-    /// Build the crate in release mode to find its kernels (the kernels are the same).
-    #[arg(long)]
-    pub release: bool,
 }
 
 fn parse_margin(s: &str) -> Result<f64, String> {
@@ -60,15 +53,9 @@ fn parse_margin(s: &str) -> Result<f64, String> {
 /// Why a retime could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum RetimeError {
-    /// The crate's kernels could not be found.
+    /// The crate's kernels (its manifests) could not be found or read, or cannot be measured.
     #[error(transparent)]
-    Crate(#[from] krate::CrateError),
-    /// A manifest is unreadable.
-    #[error(transparent)]
-    Manifest(#[from] harl_build::manifest::ManifestError),
-    /// The crate cannot be measured.
-    #[error(transparent)]
-    Job(#[from] job::JobError),
+    Kernels(#[from] super::tune::TuneError),
     /// This machine cannot measure the crate's kernels.
     #[error("{package}: {why}")]
     Measure {
@@ -89,10 +76,7 @@ pub enum RetimeError {
 
 /// Runs the command.
 pub fn run(args: RetimeArgs) -> Result<ExitCode, RetimeError> {
-    let manifests: Vec<(PathBuf, Manifest)> = match &args.manifest {
-        Some(path) => vec![(path.clone(), Manifest::read(path)?)],
-        None => krate::manifests(args.manifest_path.as_deref(), args.release)?,
-    };
+    let manifests = args.kernels.load().map_err(super::tune::TuneError::from)?;
     let rounds = usize::try_from(args.rounds).unwrap_or(1);
     let mut timed = 0usize;
     for (_, manifest) in &manifests {
@@ -131,8 +115,9 @@ fn retime_one(manifest: &Manifest, args: &RetimeArgs, rounds: usize) -> Result<u
     if work.is_empty() {
         return Ok(0);
     }
-    let (mut measurer, variant) =
-        job::measurer(manifest, threads, &options)?.map_err(|why| RetimeError::Measure {
+    let (mut measurer, variant) = job::measurer(manifest, threads, &options)
+        .map_err(super::tune::TuneError::from)?
+        .map_err(|why| RetimeError::Measure {
             package: manifest.package.clone(),
             why,
         })?;

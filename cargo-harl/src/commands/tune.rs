@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 use harl_build::directive::escape;
-use harl_build::manifest::{Manifest, TuneOutcome};
+use harl_build::manifest::TuneOutcome;
 use harl_tune::job::{self, JobOptions};
 
 use super::krate;
@@ -16,13 +16,9 @@ use super::progress::{table, Live};
 /// `cargo harl tune` arguments.
 #[derive(Args, Debug)]
 pub struct TuneArgs {
-    /// The crate's Cargo.toml (default: the one cargo finds from the current directory).
-    #[arg(long, value_name = "PATH")]
-    pub manifest_path: Option<PathBuf>,
-    /// Tune the kernels of this build manifest (`OUT_DIR/harl/manifest.json`) instead of
-    /// building the crate; build scripts pass it.
-    #[arg(long, value_name = "FILE", conflicts_with = "manifest_path")]
-    pub manifest: Option<PathBuf>,
+    /// Where the kernels are.
+    #[command(flatten)]
+    pub kernels: krate::KernelsArgs,
     /// Write records here instead of the crate's cache directory (e.g. one directory per
     /// shard, merged afterwards).
     #[arg(long, value_name = "DIR")]
@@ -73,9 +69,6 @@ pub struct TuneArgs {
     /// from memory) instead of warm; in a build, `HARL_TUNE_COLD=1`.
     #[arg(long, env = "HARL_TUNE_COLD", value_parser = clap::builder::BoolishValueParser::new())]
     pub cold: bool,
-    /// Build the crate in release mode to find its kernels (the kernels are the same).
-    #[arg(long)]
-    pub release: bool,
 }
 
 fn parse_shard(s: &str) -> Result<(usize, usize), String> {
@@ -99,12 +92,9 @@ fn parse_shard(s: &str) -> Result<(usize, usize), String> {
 /// Why a tune could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum TuneError {
-    /// The crate's kernels could not be found.
+    /// The crate's kernels (its manifests) could not be found or read.
     #[error(transparent)]
     Crate(#[from] krate::CrateError),
-    /// A manifest is unreadable.
-    #[error(transparent)]
-    Manifest(#[from] harl_build::manifest::ManifestError),
     /// The job could not start.
     #[error(transparent)]
     Job(#[from] job::JobError),
@@ -120,10 +110,7 @@ pub enum TuneError {
 
 /// Runs the command.
 pub fn run(args: TuneArgs) -> Result<ExitCode, TuneError> {
-    let mut manifests: Vec<(PathBuf, Manifest)> = match &args.manifest {
-        Some(path) => vec![(path.clone(), Manifest::read(path)?)],
-        None => krate::manifests(args.manifest_path.as_deref(), args.release)?,
-    };
+    let mut manifests = args.kernels.load()?;
     if let Some(dir) = &args.cache_dir {
         for (_, m) in &mut manifests {
             m.cache_dir = dir.clone();
