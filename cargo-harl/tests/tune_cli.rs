@@ -244,7 +244,7 @@ fn retime_times_records_beside_the_default_and_drop_removes_what_loses() {
         args.extend_from_slice(extra);
         ok(&tool(&args))
     };
-    let looked = retime(&[]);
+    let looked = retime(&["--passes", "1"]);
     let table = rows(&looked);
     // mm_a's two records (mm_a_again shares them) and dense's one; mm_b has none.
     assert_eq!(table.len(), 3, "{looked}");
@@ -255,11 +255,13 @@ fn retime_times_records_beside_the_default_and_drop_removes_what_loses() {
         "no --drop: untouched"
     );
 
-    let dropped = retime(&["--drop"]);
+    // Two passes: a record goes when both tables call it slower (or failed).
+    let dropped = retime(&["--drop", "--passes", "2"]);
     let table = rows(&dropped);
-    let losers = table
-        .iter()
-        .filter(|(_, v)| v.starts_with("slower") || v.starts_with("failed"))
+    assert_eq!(table.len(), 6, "{dropped}");
+    let lost = |(_, v): &(String, String)| v.starts_with("slower") || v.starts_with("failed");
+    let losers = (0..3)
+        .filter(|&i| lost(&table[i]) && lost(&table[i + 3]))
         .count();
     assert!(
         dropped.contains(".jsonl:5: dropped: invalid JSON"),

@@ -27,12 +27,17 @@ pub struct RetimeArgs {
     /// batch, in a rotating order; the figures are medians over the rounds.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=100))]
     pub rounds: u64,
+    /// Passes: all the rounds again, this many times, one after the other; a record is dropped
+    /// only when every pass finds it slower (or failed). On a shared machine a record can lose
+    /// every round of one pass and win rounds of the next.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=10))]
+    pub passes: u64,
     /// A record is slower (or faster) than the default when its median differs by more than
     /// this fraction (0.05: 5%) and it lost (won) every round.
     #[arg(long, default_value_t = 0.05, value_parser = parse_margin)]
     pub margin: f64,
-    /// Remove the records slower than the default, and those whose runs all failed, from the
-    /// cache file (rewritten like `prune`: unusable lines go too, each reported).
+    /// Remove the records slower than the default, and those whose runs all failed, in every
+    /// pass, from the cache file (rewritten like `prune`: unusable lines go too, each reported).
     #[arg(long)]
     pub drop: bool,
     /// Threads the kernels run with (default: the build's).
@@ -105,11 +110,12 @@ fn retime_one(manifest: &Manifest, args: &RetimeArgs, rounds: usize) -> Result<u
     eprintln!(
         "{}",
         escape(&format!(
-            "{}: {count} record(s) of {} workload(s) in {} to time beside the default on {} ({threads} threads, {rounds} rounds)",
+            "{}: {count} record(s) of {} workload(s) in {} to time beside the default on {} ({threads} threads, {rounds} rounds, {} pass(es))",
             manifest.package,
             work.len(),
             file.display(),
             manifest.target.isa_class,
+            args.passes,
         ))
     );
     if work.is_empty() {
@@ -122,12 +128,22 @@ fn retime_one(manifest: &Manifest, args: &RetimeArgs, rounds: usize) -> Result<u
             why,
         })?;
     let cpu = variant.cpu_target(&manifest.target.arch, threads);
-    let timings = retime(manifest, &work, &cpu, &mut measurer, rounds);
-    println!("{}", table(&timings, args.margin));
-    let losers: Vec<&Record> = timings
-        .iter()
-        .filter(|t| matches!(t.verdict(args.margin), Verdict::Slower | Verdict::Failed))
-        .map(|t| &t.record)
+    let passes = usize::try_from(args.passes).unwrap_or(1);
+    let mut timed: Vec<Vec<RecordTiming>> = Vec::new();
+    for pass in 1..=passes {
+        let timings = retime(manifest, &work, &cpu, &mut measurer, rounds);
+        if passes > 1 {
+            println!("pass {pass} of {passes}:");
+        }
+        println!("{}", table(&timings, args.margin));
+        timed.push(timings);
+    }
+    // A record loses when every pass says so (each pass times the same records in order).
+    let loses =
+        |t: &RecordTiming| matches!(t.verdict(args.margin), Verdict::Slower | Verdict::Failed);
+    let losers: Vec<&Record> = (0..count)
+        .filter(|&i| timed.iter().all(|p| p.get(i).is_some_and(loses)))
+        .filter_map(|i| timed.first()?.get(i).map(|t| &t.record))
         .collect();
     if args.drop && !losers.is_empty() {
         drop_records(&file, &losers)?;
@@ -137,7 +153,7 @@ fn retime_one(manifest: &Manifest, args: &RetimeArgs, rounds: usize) -> Result<u
             losers.len()
         );
     }
-    Ok(timings.len())
+    Ok(count)
 }
 
 /// The markdown table of the timings.
