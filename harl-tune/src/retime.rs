@@ -8,7 +8,8 @@
 //! ([`crate::job`]); this is the same comparison made later, on the machine that ships.
 
 use crate::measure::Measure;
-use harl_build::cache::{Record, TuningCache};
+use crate::tuner::{time_round, Runs};
+use harl_build::cache::{best_first, Record, TuningCache};
 use harl_build::default_schedule::{default_schedule, CpuTarget};
 use harl_build::lower::lower;
 use harl_build::manifest::Manifest;
@@ -95,22 +96,16 @@ pub fn candidates(manifest: &Manifest) -> (Vec<Retimed>, Vec<String>) {
     let target = &manifest.target;
     let (records, warnings) = TuningCache::new(&manifest.cache_dir).records(&target.isa_class);
     let mut out: Vec<Retimed> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
     for kernel in &manifest.kernels {
-        if out
-            .iter()
-            .any(|r| r.graph.workload_key() == kernel.workload_key)
-        {
+        if !seen.insert(kernel.workload_key.as_str()) {
             continue;
         }
         let mut mine: Vec<&Record> = records
             .iter()
             .filter(|r| r.workload_key == kernel.workload_key && r.target.is_compatible(target))
             .collect();
-        mine.sort_by(|a, b| {
-            (a.target != *target)
-                .cmp(&(b.target != *target))
-                .then(a.latency_s.total_cmp(&b.latency_s))
-        });
+        mine.sort_by(|a, b| best_first(target, a, b));
         let mut kept: Vec<Record> = Vec::new();
         for r in mine {
             if kept.len() == MAX_RECORDS_PER_WORKLOAD {
@@ -172,58 +167,20 @@ pub fn retime(
                 .zip(&timed.latencies)
                 .filter_map(|(d, r)| Some(((*d)?, (*r)?)))
                 .collect();
+            let record_s = timed.median();
             out.push(RecordTiming {
                 kernel: w.kernel.clone(),
                 exact: record.target == manifest.target,
                 record: record.clone(),
                 default_s: default.median(),
-                record_s: timed.median(),
+                record_s,
                 rounds_won: paired.iter().filter(|(d, r)| r < d).count(),
                 rounds_paired: paired.len(),
-                error: timed.error.clone().filter(|_| timed.median().is_none()),
+                error: timed.error.clone().filter(|_| record_s.is_none()),
             });
         }
     }
     out
-}
-
-/// One schedule's runs: its latency in each round (`None` where it failed) and its last error.
-#[derive(Default)]
-struct Runs {
-    latencies: Vec<Option<f64>>,
-    error: Option<String>,
-}
-
-impl Runs {
-    fn median(&self) -> Option<f64> {
-        let mut t: Vec<f64> = self.latencies.iter().flatten().copied().collect();
-        t.sort_by(f64::total_cmp);
-        (!t.is_empty()).then(|| t[t.len() / 2])
-    }
-}
-
-/// Round `round` of one workload: its schedules timed in one batch, the order rotated by the
-/// round, each result added to its schedule's runs.
-fn time_round(
-    measurer: &mut dyn Measure,
-    graph: &Graph,
-    schedules: &[Schedule],
-    round: usize,
-    runs: &mut [Runs],
-) {
-    let n = schedules.len();
-    let order: Vec<usize> = (0..n).map(|k| (k + round) % n).collect();
-    let batch: Vec<Schedule> = order.iter().map(|&i| schedules[i].clone()).collect();
-    let mut results = measurer.measure(graph, &batch).into_iter();
-    for &i in &order {
-        let r = results
-            .next()
-            .unwrap_or_else(|| Err("the measurer returned no result".into()));
-        runs[i].latencies.push(r.as_ref().ok().copied());
-        if let Err(e) = r {
-            runs[i].error = Some(e);
-        }
-    }
 }
 
 #[cfg(test)]

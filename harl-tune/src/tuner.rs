@@ -306,28 +306,58 @@ pub fn retime_finalists(
     schedules: &[Schedule],
     rounds: usize,
 ) -> Vec<Option<f64>> {
-    let n = schedules.len();
-    let mut times: Vec<Vec<f64>> = vec![Vec::new(); n];
-    if n == 0 {
-        return Vec::new();
-    }
     measurer.set_best(None);
+    let mut runs: Vec<Runs> = schedules.iter().map(|_| Runs::default()).collect();
     for round in 0..rounds {
-        let order: Vec<usize> = (0..n).map(|k| (k + round) % n).collect();
-        let batch: Vec<Schedule> = order.iter().map(|&i| schedules[i].clone()).collect();
-        for (&i, r) in order.iter().zip(measurer.measure(graph, &batch)) {
-            if let Ok(l) = r {
-                times[i].push(l);
-            }
+        time_round(measurer, graph, schedules, round, &mut runs);
+    }
+    runs.iter().map(Runs::median).collect()
+}
+
+/// One schedule's runs in a re-timing: its latency in each round (`None` where it failed)
+/// and its last error.
+#[derive(Clone, Debug, Default)]
+pub struct Runs {
+    /// Latency of each round, in seconds.
+    pub latencies: Vec<Option<f64>>,
+    /// The last error, if a round failed.
+    pub error: Option<String>,
+}
+
+impl Runs {
+    /// The median of the rounds that ran.
+    pub fn median(&self) -> Option<f64> {
+        let mut t: Vec<f64> = self.latencies.iter().flatten().copied().collect();
+        t.sort_by(f64::total_cmp);
+        (!t.is_empty()).then(|| t[t.len() / 2])
+    }
+}
+
+/// Round `round` of a re-timing: `schedules` timed in one batch, the order rotated by the
+/// round, each result added to its schedule's `runs`.
+pub fn time_round(
+    measurer: &mut dyn Measure,
+    graph: &Graph,
+    schedules: &[Schedule],
+    round: usize,
+    runs: &mut [Runs],
+) {
+    let n = schedules.len();
+    if n == 0 {
+        return;
+    }
+    let order: Vec<usize> = (0..n).map(|k| (k + round) % n).collect();
+    let batch: Vec<Schedule> = order.iter().map(|&i| schedules[i].clone()).collect();
+    let mut results = measurer.measure(graph, &batch).into_iter();
+    for &i in &order {
+        let r = results
+            .next()
+            .unwrap_or_else(|| Err("the measurer returned no result".into()));
+        runs[i].latencies.push(r.as_ref().ok().copied());
+        if let Err(e) = r {
+            runs[i].error = Some(e);
         }
     }
-    times
-        .into_iter()
-        .map(|mut t| {
-            t.sort_by(f64::total_cmp);
-            (!t.is_empty()).then(|| t[t.len() / 2])
-        })
-        .collect()
 }
 
 /// The `n` fastest distinct schedules of a task's successful trials, fastest first.

@@ -28,6 +28,11 @@ const LN2_LO: f32 = 1.428_606_8e-6;
 /// 1.5 * 2^23: adding and subtracting it rounds to the nearest integer (ties to even).
 const ROUND: f32 = 12_582_912.0;
 
+/// exp's argument is clamped to these: beyond them the result is inf or 0 anyway, and 2^n's
+/// exponent stays in range.
+const EXP_MIN_ARG: f32 = -104.0;
+const EXP_MAX_ARG: f32 = 89.0;
+
 /// e^r on |r| <= ln2/2: the Taylor polynomial to degree 7 (truncation < 2^-27 relative), the
 /// highest coefficient first (Horner's order).
 const EXP_TAYLOR: [f32; 8] = [
@@ -57,8 +62,7 @@ fn pow2i(k: i32) -> f32 {
 /// FMA unit, as `mul_add` is then a libm call).
 #[inline(always)]
 pub fn exp_f32<const FMA: bool>(x: f32) -> f32 {
-    // Beyond these the result is inf or 0 anyway; the clamp keeps 2^n's exponent in range.
-    let xc = x.clamp(-104.0, 89.0);
+    let xc = x.clamp(EXP_MIN_ARG, EXP_MAX_ARG);
     // n = round(x / ln 2), as a float and, from the same sum's low bits, as an integer: no
     // float-to-int conversion (Rust's saturating `as` does not vectorise well).
     let t = madd::<FMA>(xc, LOG2_E, ROUND);
@@ -85,8 +89,9 @@ pub fn exp_f32<const FMA: bool>(x: f32) -> f32 {
 /// added to the polynomial's exponent in one integer add instead of the two multiplies that
 /// keep subnormal and overflowing results right (taken for the whole vector otherwise). The
 /// clamp passes NaN through (`max` and `min` return their second operand when one is NaN),
-/// so no final select is needed. For the AVX2 variant's explicit vector loops, where the
-/// 8-lane scalar loop stayed scalar (an element cost 1.7 ns against 0.4 here).
+/// so no final select is needed. For the AVX2 variant's explicit vector loops, which
+/// otherwise left exp to a scalar loop for the compiler to vectorise (BERT's softmax on a Zen
+/// 3: 215 us with that loop, 169 us with this).
 ///
 /// # Safety
 /// The CPU must have AVX2 and FMA (the caller's `#[target_feature]`, or detection).
@@ -96,8 +101,8 @@ pub fn exp_f32<const FMA: bool>(x: f32) -> f32 {
 pub fn exp_f32x8(x: arch::__m256) -> arch::__m256 {
     use arch::*;
     let xc = _mm256_min_ps(
-        _mm256_set1_ps(89.0),
-        _mm256_max_ps(_mm256_set1_ps(-104.0), x),
+        _mm256_set1_ps(EXP_MAX_ARG),
+        _mm256_max_ps(_mm256_set1_ps(EXP_MIN_ARG), x),
     );
     let round = _mm256_set1_ps(ROUND);
     let t = _mm256_fmadd_ps(xc, _mm256_set1_ps(LOG2_E), round);

@@ -66,6 +66,14 @@ pub enum CacheError {
     InvalidRecord(String),
 }
 
+/// The order in which a lookup for `target` prefers records: those measured on exactly
+/// `target` first, then the lowest latency.
+pub fn best_first(target: &TargetFingerprint, a: &Record, b: &Record) -> std::cmp::Ordering {
+    (a.target != *target)
+        .cmp(&(b.target != *target))
+        .then(a.latency_s.total_cmp(&b.latency_s))
+}
+
 /// A tuning cache rooted at a directory.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TuningCache {
@@ -137,12 +145,8 @@ impl TuningCache {
                 }
             }
         }
-        // Best first: exact target, then lowest latency, then earliest line (the sort is stable).
-        candidates.sort_by(|(_, a), (_, b)| {
-            (a.target != *target)
-                .cmp(&(b.target != *target))
-                .then(a.latency_s.total_cmp(&b.latency_s))
-        });
+        // Best first; the earliest line on a tie (the sort is stable).
+        candidates.sort_by(|(_, a), (_, b)| best_first(target, a, b));
         let tried = candidates.len().min(MAX_VALIDATIONS);
         let mut chosen = None;
         for (line_no, record) in candidates.drain(..).take(tried) {
