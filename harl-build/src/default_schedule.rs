@@ -77,7 +77,7 @@ fn schedule_with(graph: &Graph, target: &CpuTarget, overrides: &[(usize, TilePla
             _ => {
                 let lowers = lowered.is_ok();
                 let schedule = if lowers {
-                    crate::layout::pack_panels(graph, schedule)
+                    crate::slide::slide_windows(graph, crate::layout::pack_panels(graph, schedule))
                 } else {
                     schedule
                 };
@@ -623,7 +623,8 @@ fn renumber(step: Step, f: &dyn Fn(usize) -> usize) -> Step {
         | Step::Unroll { stage, .. }
         | Step::SharedRead { stage, .. }
         | Step::BindBlock { stage, .. }
-        | Step::BindThread { stage, .. } => *stage = f(*stage),
+        | Step::BindThread { stage, .. }
+        | Step::Slide { stage } => *stage = f(*stage),
         Step::ComputeAt { stage, target, .. }
         | Step::ComputeWithin { stage, target, .. }
         | Step::PackAt { stage, target, .. } => {

@@ -27,6 +27,7 @@ pub mod scan;
 pub mod schedule;
 pub mod shared_read;
 pub mod simplify;
+pub mod slide;
 pub mod target;
 pub mod tuner_tool;
 

@@ -110,6 +110,8 @@ struct StageState {
     attach: Attach,
     /// Inputs staged in shared memory: (input, loop position, step index).
     shared: Vec<(usize, usize, usize)>,
+    /// The step that slides its producer's rows into its first own loop ([`Step::Slide`]).
+    slide: Option<usize>,
 }
 
 impl StageState {
@@ -138,6 +140,7 @@ impl StageState {
             cache_write: None,
             attach: Attach::Root,
             shared: Vec::new(),
+            slide: None,
         }
     }
 
@@ -179,7 +182,7 @@ impl StageState {
 /// The smallest slice a row chain's stage is folded to: each slice taken per thread costs a
 /// few tens of nanoseconds, more than a short row saves (BERT's softmax, rows of 128: 8.7 ->
 /// 6.0 GFLOP/s folded; a depthwise convolution's padded planes of 12-52 KB gain 28-38%).
-const MIN_FOLD_BYTES: usize = 4096;
+pub(crate) const MIN_FOLD_BYTES: usize = 4096;
 
 /// The schedule replayed on a graph: per-stage loop structure, ready to emit.
 struct Lowering {
@@ -437,6 +440,14 @@ impl Lowering {
                     step: index,
                 };
                 self.attach_in_loop(c, *target, *at, within)
+            }
+            Step::Slide { stage } => {
+                let st = self.stage_mut(*stage)?;
+                if st.slide.replace(index).is_some() {
+                    return Err(format!("stage {stage} slides twice"));
+                }
+                // The rest is checked once every step has applied (`check_slide`).
+                Ok(())
             }
             Step::PackAt { stage, target, at } => {
                 let c = *stage;
@@ -941,6 +952,9 @@ impl Lowering {
                 self.check_packed(c, target, at)
                     .map_err(|why| (step, why))?;
             }
+            if let Some(step) = st.slide {
+                self.check_slide(c).map_err(|why| (step, why))?;
+            }
         }
         for (c, st) in self.stages.iter().enumerate() {
             let Attach::At {
@@ -1128,6 +1142,49 @@ impl Lowering {
             }
         });
         bad.map_or(Ok(()), Err)
+    }
+
+    /// Checks a [`Step::Slide`] of stage `c` against the final state; what depends on the
+    /// emitted loops (the rows each iteration reads) is checked as they are emitted.
+    fn check_slide(&self, c: usize) -> Result<(), String> {
+        let Attach::Within { target, at, .. } = self.stages[c].attach else {
+            return Err(format!("stage {c} is not computed within another stage"));
+        };
+        let first = self.attached.get(&(target, at)).and_then(|v| v.first());
+        if first != Some(&c) {
+            return Err(format!(
+                "stage {c} is not the first stage placed in loop {at} of stage {target}"
+            ));
+        }
+        if self.graph.stages[target].reduce.is_some() {
+            return Err(format!(
+                "stage {target} is a reduction; only its result can slide"
+            ));
+        }
+        let k = self.leading_axes(target, at)?;
+        let tst = &self.stages[target];
+        let row_loop = tst.loops.get(at + 1).filter(|l| {
+            l.parts == [k]
+                && tst.nodes.get(k).is_some_and(|n| n.children.is_empty())
+                && l.kind == LoopKind::Serial
+        });
+        if row_loop.is_none() {
+            return Err(format!(
+                "stage {target}'s loop after loop {at} must be its axis {k}, unsplit and serial"
+            ));
+        }
+        if self
+            .attached
+            .iter()
+            .any(|(&(t, p), v)| t == target && p > at && !v.is_empty())
+        {
+            return Err(format!("a stage is attached inside stage {target}'s rows"));
+        }
+        let own = self.stages[c].loops.get(k).filter(|l| !l.reduce);
+        if own.is_none() {
+            return Err(format!("stage {c} has no spatial loop {k} to slide into"));
+        }
+        Ok(())
     }
 
     /// The axis of `target` whose value picks the panel of copy `c` it reads, and the panel
@@ -1473,6 +1530,15 @@ impl Lowering {
             let forwarded = self.forward.get(s).copied().flatten();
             for c in consumers.into_iter().filter(|&c| Some(c) != forwarded) {
                 match self.stages[c].attach {
+                    Attach::Within { step, .. } if self.stages[c].slide.is_some() => {
+                        let slid = self.stages[c].slide.unwrap_or(step);
+                        let consumer = self.emit_within(s, pos, c, env)?;
+                        let producer = std::mem::take(&mut inner);
+                        let k = self.leading_axes(s, pos).map_err(|why| (slid, why))?;
+                        inner =
+                            crate::slide::slide(producer, consumer, s, k, &mut self.var_extents)
+                                .map_err(|why| (slid, why))?;
+                    }
                     Attach::Within { .. } => inner.extend(self.emit_within(s, pos, c, env)?),
                     // A panel copy runs first, before the loops that read it.
                     Attach::Packed { .. } => {

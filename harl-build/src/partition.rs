@@ -237,7 +237,7 @@ fn true_range(test: &Expr, var: usize, extent: usize, vars: &[usize]) -> Option<
 
 /// The coefficient of `var` in `e` when `e` is affine in it (other variables and loads may
 /// appear anywhere that does not multiply `var`); `None` otherwise.
-fn linear_coef(e: &Expr, var: usize) -> Option<i64> {
+pub(crate) fn linear_coef(e: &Expr, var: usize) -> Option<i64> {
     let mentions = |x: &Expr| {
         let mut found = false;
         x.visit(&mut |y| found |= *y == Expr::Axis(var));
@@ -269,7 +269,12 @@ fn constant(e: &Expr) -> Option<i64> {
 
 /// A copy of `body` with `var` replaced by `value` and every variable the copy binds renamed to
 /// a fresh one (so no variable is bound twice in the program).
-fn fresh_copy(body: &[Stmt], var: usize, value: &Expr, vars: &mut Vec<usize>) -> Vec<Stmt> {
+pub(crate) fn fresh_copy(
+    body: &[Stmt],
+    var: usize,
+    value: &Expr,
+    vars: &mut Vec<usize>,
+) -> Vec<Stmt> {
     let mut map: Vec<(usize, Expr)> = vec![(var, value.clone())];
     copy_stmts(body, &mut map, vars)
 }

@@ -85,6 +85,23 @@ pub enum Step {
         /// Loop position in the reader.
         at: usize,
     },
+    /// Slides the rows of the stage that `stage` is computed within ([`Step::ComputeWithin`]):
+    /// instead of its whole slice before `stage` runs, each iteration of `stage`'s first own
+    /// loop computes just the producer's rows (its next axis) that this iteration reads for the
+    /// first time, as Halide's sliding window does. A stride-2 depthwise convolution at 112x112
+    /// then reads each padded row from L1 right after making it, where the whole 52 KB padded
+    /// plane went out to L2 first (1.17x, a hand edit of the generated kernel on Zen 3).
+    ///
+    /// `stage` must be the first stage computed within the producer's loop; the producer is
+    /// no reduction, and its loop right inside that one is its next axis, unsplit and serial,
+    /// with nothing attached inside. Every read of the producer in `stage`'s first own loop
+    /// (a serial spatial loop, `v`) is at row `a*v + e`, the same `a >= 1` for every read, and
+    /// `e` ranges over loops inside it; rows before the first iteration's are made ahead of
+    /// the loop, rows past the last iteration's after it.
+    Slide {
+        /// The stage computed within its producer's loop.
+        stage: usize,
+    },
     /// Inlines an elementwise stage into its consumers (it gets no buffer or loop of its own).
     ComputeInline {
         /// Stage index.

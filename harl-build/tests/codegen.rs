@@ -303,6 +303,7 @@ fn random_legal_and_illegal_schedules_lower_or_fail_cleanly_and_compute_what_the
                 at
             }),
             field().prop_map(|stage| Step::ComputeInline { stage }),
+            field().prop_map(|stage| Step::Slide { stage }),
             (field(), field()).prop_map(|(stage, at)| Step::CacheWrite { stage, at }),
             (field(), field()).prop_map(|(stage, factor)| Step::Rfactor { stage, factor }),
             (

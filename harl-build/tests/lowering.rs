@@ -837,3 +837,115 @@ proptest! {
         }
     }
 }
+
+/// A depthwise convolution of `c` channels on an `hw`x`hw` image, kernel `k`, with the given
+/// stride, padding and dilation (no epilogue).
+fn depthwise(
+    c: usize,
+    hw: usize,
+    k: usize,
+    stride: usize,
+    pad: usize,
+    dilation: usize,
+) -> harl_te::Graph {
+    use harl_te::ops::{self, Conv2dParams};
+    let mut b = harl_te::GraphBuilder::new();
+    let x = b.input("x", &[1, c, hw, hw], harl_te::DType::F32);
+    let w = b.weight("w", &[c, 1, k, k], harl_te::DType::F32);
+    let p = Conv2dParams {
+        stride: (stride, stride),
+        pad: (pad, pad),
+        dilation: (dilation, dilation),
+        groups: c,
+    };
+    ops::conv2d(&mut b, x, w, p).expect("conv");
+    b.finish().expect("valid graph")
+}
+
+#[test]
+fn a_depthwise_convolution_slides_its_padded_rows_and_matches() {
+    // Strides 1 and 2, odd and even sizes, wider kernels, dilation: the default slides the
+    // padding's rows into the convolution's row loop wherever it lowers, and the result is
+    // the interpreter's.
+    let cases = [
+        (9, 3, 1, 1, 1),
+        (9, 3, 2, 1, 1),
+        (8, 3, 2, 1, 1),
+        (7, 3, 2, 1, 1),
+        (13, 5, 2, 2, 1),
+        (11, 3, 1, 2, 2),
+        (12, 5, 1, 2, 1),
+    ];
+    for (hw, k, stride, pad, dilation) in cases {
+        let g = depthwise(16, hw, k, stride, pad, dilation);
+        for target in [CpuTarget::host(), CpuTarget::portable()] {
+            // Planes this small stay whole by default; slid, they compute the same.
+            let plain = default_schedule(&g, &target);
+            assert!(!plain
+                .steps
+                .iter()
+                .any(|st| matches!(st, Step::Slide { .. })));
+            check(&g, &plain, 21);
+            let within = plain
+                .steps
+                .iter()
+                .find_map(|st| match st {
+                    Step::ComputeWithin { stage, .. } => Some(*stage),
+                    _ => None,
+                })
+                .expect("computed within its padding");
+            let mut slid = plain.clone();
+            slid.steps.push(Step::Slide { stage: within });
+            check(&g, &slid, 21);
+        }
+    }
+    // A plane past half of L1 slides by default.
+    let g = depthwise(8, 70, 3, 2, 1, 1);
+    let s = default_schedule(&g, &CpuTarget::portable());
+    assert!(
+        s.steps.iter().any(|st| matches!(st, Step::Slide { .. })),
+        "{:?}",
+        s.steps
+    );
+    check(&g, &s, 22);
+}
+
+#[test]
+fn slide_is_refused_where_rows_cannot_slide() {
+    // Not computed within anything.
+    let g = matmul(8, 8, 8, false);
+    let s = Schedule {
+        steps: vec![Step::Slide { stage: 0 }],
+    };
+    assert!(lower(&g, &s).is_err());
+    // Within a reduction (softmax's max): its rows are no padding that can be made in parts.
+    let g = harl_te::ops::workloads::softmax(6, 40).expect("softmax");
+    let mut s = softmax_within(true);
+    let within = s
+        .steps
+        .iter()
+        .find_map(|st| match st {
+            Step::ComputeWithin { stage, .. } => Some(*stage),
+            _ => None,
+        })
+        .expect("a stage computed within");
+    s.steps.push(Step::Slide { stage: within });
+    let err = lower(&g, &s).expect_err("refused");
+    assert!(
+        err.to_string().contains("slide") || err.to_string().contains("reduction"),
+        "{err}"
+    );
+    // Twice on one stage.
+    let g = depthwise(8, 70, 3, 2, 1, 1);
+    let mut s = default_schedule(&g, &CpuTarget::portable());
+    let stage = s
+        .steps
+        .iter()
+        .find_map(|st| match st {
+            Step::Slide { stage } => Some(*stage),
+            _ => None,
+        })
+        .expect("slides");
+    s.steps.push(Step::Slide { stage });
+    assert!(lower(&g, &s).is_err());
+}

@@ -120,6 +120,9 @@ pub enum FuzzStep {
     ComputeInline {
         stage: Num,
     },
+    Slide {
+        stage: Num,
+    },
     CacheWrite {
         stage: Num,
         at: Num,
@@ -194,6 +197,7 @@ impl FuzzStep {
                 at: at.0,
             },
             FuzzStep::ComputeInline { stage } => Step::ComputeInline { stage: stage.0 },
+            FuzzStep::Slide { stage } => Step::Slide { stage: stage.0 },
             FuzzStep::CacheWrite { stage, at } => Step::CacheWrite {
                 stage: stage.0,
                 at: at.0,
