@@ -231,7 +231,10 @@ fn kernels() -> Vec<(&'static str, Kind)> {
         ("mbv2_dw_56_s1", depthwise(144, 56, 1)),
         ("mbv2_dw_56_s2", depthwise(144, 56, 2)),
         ("mbv2_dw_28_s1", depthwise(192, 28, 1)),
+        ("mbv2_dw_28_s2", depthwise(192, 28, 2)),
         ("mbv2_dw_14_s1", depthwise(576, 14, 1)),
+        ("mbv2_dw_14_s2", depthwise(576, 14, 2)),
+        ("mbv2_dw_7_s1", depthwise(960, 7, 1)),
         ("mbv2_pw_112_16to96", conv(16, 112, 96, 1, 1, false, Relu6)),
         (
             "mbv2_pw_56_144to24_residual",

@@ -552,11 +552,25 @@ pub fn layout_tiles(graph: &Graph, s: usize, target: &CpuTarget, l: &Layout) -> 
             .map_or(1, |r| r.extents.iter().product()),
         elem_bytes: elem_bytes(stage.dtype),
     };
-    // Without a window (a 1x1 convolution) the filter tile may fill the register file.
-    let tile = if crate::layout::windowed(stage) {
-        crate::register_tile::choose(&problem, target)
+    // Without a window (a 1x1 convolution) the filter tile may fill the register file. With
+    // one, the tile may take pixels of the output row before the last too (`choose_block`).
+    let other = last
+        .checked_sub(1)
+        .filter(|&a| a != l.vec_axis && stage.shape[a] > 1);
+    let (tile, block) = if crate::layout::windowed(stage) {
+        match other {
+            Some(a) => {
+                let (tile, rows2) =
+                    crate::register_tile::choose_block(&problem, stage.shape[a], target);
+                (tile, Some((a, rows2)).filter(|&(_, r)| r > 1))
+            }
+            None => (crate::register_tile::choose(&problem, target), None),
+        }
     } else {
-        crate::register_tile::choose_panel_tile(&problem, target)
+        (
+            crate::register_tile::choose_panel_tile(&problem, target),
+            None,
+        )
     };
     let (nr, mr) = (tile.width, tile.rows);
     let red = stage.reduce.as_ref().map_or(1, |r| r.extents[0]);
@@ -566,6 +580,7 @@ pub fn layout_tiles(graph: &Graph, s: usize, target: &CpuTarget, l: &Layout) -> 
         vec: [vext / nr, 1, nr],
         row: [stage.shape[last] / mr, 1, mr],
         red: [1, red],
+        block,
     }
 }
 
@@ -739,6 +754,11 @@ pub struct TilePlan {
     pub row: [usize; 3],
     /// [outer, inner] of the first reduce axis.
     pub red: [usize; 2],
+    /// A second row axis of the register tile and its rows (`(axis, rows)`, rows dividing
+    /// its extent), unrolled beside the row axis's: a convolution's tile of 2 x 2 pixels
+    /// where no divisor of its 14-pixel row makes a good tile (`register_tile::choose_block`).
+    /// The tuner keeps the default's.
+    pub block: Option<(usize, usize)>,
 }
 
 impl TilePlan {
@@ -757,6 +777,7 @@ impl TilePlan {
         let red = stage.reduce.as_ref().and_then(|r| r.extents.first());
         self.vec_axis == default.vec_axis
             && self.row_axis == default.row_axis
+            && self.block == default.block
             && stage
                 .shape
                 .get(self.vec_axis)
@@ -863,6 +884,7 @@ pub fn plan_tiles(graph: &Graph, s: usize, target: &CpuTarget) -> Option<TilePla
         vec: [v_rest / v_mid, v_mid, nr],
         row,
         red: [r.extents[0] / kc, kc],
+        block: None,
     })
 }
 
@@ -960,6 +982,13 @@ fn emit_tiled(
     if let Some(r) = p.row_axis {
         loops.split(steps, r, &p.row[1..]);
     }
+    // The second row axis: its outer part among the outer blocks, its rows in the tile.
+    let pixel_block = p
+        .block
+        .filter(|&(a, rows)| rows > 1 && a < ns && Some(a) != p.row_axis && a != p.vec_axis);
+    if let Some((a, rows)) = pixel_block {
+        loops.split(steps, a, &[rows]);
+    }
     let split_red = p.red[0] > 1;
     if split_red {
         loops.split(steps, ns, &p.red[1..]);
@@ -994,6 +1023,9 @@ fn emit_tiled(
     }
     order.push((ns, usize::from(split_red)));
     order.extend((ns + 1..n_axes).map(|a| (a, 0)));
+    if let Some((a, _)) = pixel_block {
+        order.push((a, 1));
+    }
     if let Some(r) = p.row_axis {
         order.push((r, 2));
     }
@@ -1010,6 +1042,12 @@ fn emit_tiled(
         at: loops.pos(block),
     });
     steps.push(Step::Parallel { stage: s, at: 0 });
+    if let Some((a, _)) = pixel_block {
+        steps.push(Step::Unroll {
+            stage: s,
+            at: loops.pos((a, 1)),
+        });
+    }
     if let Some(r) = p.row_axis {
         steps.push(Step::Unroll {
             stage: s,

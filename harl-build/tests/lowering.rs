@@ -949,3 +949,22 @@ fn slide_is_refused_where_rows_cannot_slide() {
     s.steps.push(Step::Slide { stage });
     assert!(lower(&g, &s).is_err());
 }
+
+#[test]
+fn a_fourteen_pixel_convolution_tiles_two_output_rows_and_matches() {
+    // A 3x3 convolution with a 14x14 output: the default's register tile takes 2 x 2 pixels
+    // (two rows of two), and computes what the interpreter computes, stride 1 and 2.
+    for (hw, stride) in [(14, 1), (28, 2)] {
+        let g = harl_te::ops::workloads::conv2d(1, 48, hw, hw, 48, 3, 3, stride, 1, 1, 1)
+            .expect("conv2d");
+        let target = CpuTarget::portable();
+        let tiles = harl_build::default_schedule::default_tiles(&g, &target);
+        assert!(
+            tiles
+                .iter()
+                .any(|(_, t)| t.block.is_some_and(|(_, rows)| rows == 2)),
+            "stride {stride}: {tiles:?}"
+        );
+        check(&g, &default_schedule(&g, &target), 31);
+    }
+}

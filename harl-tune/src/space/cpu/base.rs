@@ -99,7 +99,8 @@ impl Base {
             .plans(&p.tiles)
             .ok_or_else(|| bad("the default's tiles must divide their axes"))?;
         for (_, tp) in &plans {
-            let acc = tp.vec[2].saturating_mul(tp.row[2]);
+            let rows2 = tp.block.map_or(1, |(_, rows)| rows);
+            let acc = tp.vec[2].saturating_mul(tp.row[2]).saturating_mul(rows2);
             if acc > MAX_ACC_ELEMS {
                 return Err(bad("the register tile exceeds the accumulator limit"));
             }
@@ -136,6 +137,7 @@ impl Base {
                     vec: vec.try_into().ok()?,
                     row: row.try_into().ok()?,
                     red: red.try_into().ok()?,
+                    block: tp.block,
                 },
             ));
         }

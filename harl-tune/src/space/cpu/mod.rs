@@ -577,6 +577,9 @@ impl Sketch {
                     let (nr, mr) = (tp.vec[2], tp.row[2]);
                     p.tiles[first_axis + l.vec_axis] = vec![1, 1, nr];
                     p.tiles[first_axis + ns - 1] = vec![1, 1, mr];
+                    if let Some((a, rows)) = tp.block {
+                        p.tiles[first_axis + a] = vec![1, 1, rows];
+                    }
                     register_tile = Some(register_tile.unwrap_or(0).max(nr));
                 }
                 Plan::Tiled {
