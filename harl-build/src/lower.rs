@@ -1529,16 +1529,19 @@ impl Lowering {
         if let Some(consumers) = self.attached.get(&(s, pos)).cloned() {
             let forwarded = self.forward.get(s).copied().flatten();
             for c in consumers.into_iter().filter(|&c| Some(c) != forwarded) {
+                if let (Attach::Within { .. }, Some(slid)) =
+                    (&self.stages[c].attach, self.stages[c].slide)
+                {
+                    // The producer's loops so far (`check_slide`: nothing placed before `c`)
+                    // slide into the consumer's first loop.
+                    let consumer = self.emit_within(s, pos, c, env)?;
+                    let producer = std::mem::take(&mut inner);
+                    let k = self.leading_axes(s, pos).map_err(|why| (slid, why))?;
+                    inner = crate::slide::slide(producer, consumer, s, k, &mut self.var_extents)
+                        .map_err(|why| (slid, why))?;
+                    continue;
+                }
                 match self.stages[c].attach {
-                    Attach::Within { step, .. } if self.stages[c].slide.is_some() => {
-                        let slid = self.stages[c].slide.unwrap_or(step);
-                        let consumer = self.emit_within(s, pos, c, env)?;
-                        let producer = std::mem::take(&mut inner);
-                        let k = self.leading_axes(s, pos).map_err(|why| (slid, why))?;
-                        inner =
-                            crate::slide::slide(producer, consumer, s, k, &mut self.var_extents)
-                                .map_err(|why| (slid, why))?;
-                    }
                     Attach::Within { .. } => inner.extend(self.emit_within(s, pos, c, env)?),
                     // A panel copy runs first, before the loops that read it.
                     Attach::Packed { .. } => {

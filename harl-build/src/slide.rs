@@ -9,7 +9,6 @@
 //! keeps its size (rows a later iteration reads again stay in it).
 
 use crate::loop_ir::{LoopKind, Stmt};
-use crate::lower::ScheduleError;
 use crate::schedule::{Schedule, Step};
 use harl_te::graph::interval;
 use harl_te::{Expr, Graph, TensorRef};
@@ -216,16 +215,11 @@ pub fn slide_windows(graph: &Graph, schedule: Schedule) -> Schedule {
     for stage in candidates {
         let mut trial = schedule.clone();
         trial.steps.push(Step::Slide { stage });
-        if lowers(graph, &trial) {
+        if crate::lower::lower(graph, &trial).is_ok() {
             schedule = trial;
         }
     }
     schedule
-}
-
-fn lowers(graph: &Graph, schedule: &Schedule) -> bool {
-    let r: Result<_, ScheduleError> = crate::lower::lower(graph, schedule);
-    r.is_ok()
 }
 
 fn has_select(e: &Expr) -> bool {
