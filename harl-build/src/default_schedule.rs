@@ -705,7 +705,7 @@ fn reads_of(graph: &Graph, s: usize) -> usize {
     n
 }
 
-fn has_select(e: &Expr) -> bool {
+pub(crate) fn has_select(e: &Expr) -> bool {
     let mut found = false;
     e.visit(&mut |x| found |= matches!(x, Expr::Select(..)));
     found

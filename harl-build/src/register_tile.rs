@@ -147,7 +147,7 @@ pub fn choose_block(
         for width in divisors(p.vec_extent, regs * lanes) {
             for rows in divisors(p.row_extent, MAX_ROWS / rows2) {
                 let all = rows * rows2;
-                if all > MAX_ROWS || all * width.div_ceil(lanes) > regs {
+                if all * width.div_ceil(lanes) > regs {
                     continue;
                 }
                 let speed = throughput(p, target, all, width);

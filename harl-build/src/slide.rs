@@ -199,7 +199,7 @@ pub fn slide_windows(graph: &Graph, schedule: Schedule) -> Schedule {
                 if g.stages.get(*target).is_some_and(|t| {
                     // A slice of this size is folded (one slice a thread), so the buffer's
                     // length is the slice's.
-                    has_select(&t.body)
+                    crate::default_schedule::has_select(&t.body)
                         && program.fold.get(*target).is_some_and(|&k| k > 0)
                         && program
                             .buffer_len(*target)
@@ -220,10 +220,4 @@ pub fn slide_windows(graph: &Graph, schedule: Schedule) -> Schedule {
         }
     }
     schedule
-}
-
-fn has_select(e: &Expr) -> bool {
-    let mut found = false;
-    e.visit(&mut |x| found |= matches!(x, Expr::Select(..)));
-    found
 }

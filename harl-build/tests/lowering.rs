@@ -886,14 +886,7 @@ fn a_depthwise_convolution_slides_its_padded_rows_and_matches() {
                 .iter()
                 .any(|st| matches!(st, Step::Slide { .. })));
             check(&g, &plain, 21);
-            let within = plain
-                .steps
-                .iter()
-                .find_map(|st| match st {
-                    Step::ComputeWithin { stage, .. } => Some(*stage),
-                    _ => None,
-                })
-                .expect("computed within its padding");
+            let within = first_within(&plain).expect("computed within its padding");
             let mut slid = plain.clone();
             slid.steps.push(Step::Slide { stage: within });
             check(&g, &slid, 21);
@@ -910,6 +903,14 @@ fn a_depthwise_convolution_slides_its_padded_rows_and_matches() {
     check(&g, &s, 22);
 }
 
+/// The first stage `schedule` computes within another's loop.
+fn first_within(schedule: &Schedule) -> Option<usize> {
+    schedule.steps.iter().find_map(|st| match st {
+        Step::ComputeWithin { stage, .. } => Some(*stage),
+        _ => None,
+    })
+}
+
 #[test]
 fn slide_is_refused_where_rows_cannot_slide() {
     // Not computed within anything.
@@ -921,18 +922,12 @@ fn slide_is_refused_where_rows_cannot_slide() {
     // Within a reduction (softmax's max): its rows are no padding that can be made in parts.
     let g = harl_te::ops::workloads::softmax(6, 40).expect("softmax");
     let mut s = softmax_within(true);
-    let within = s
-        .steps
-        .iter()
-        .find_map(|st| match st {
-            Step::ComputeWithin { stage, .. } => Some(*stage),
-            _ => None,
-        })
-        .expect("a stage computed within");
+    let within = first_within(&s).expect("a stage computed within");
     s.steps.push(Step::Slide { stage: within });
     let err = lower(&g, &s).expect_err("refused");
     assert!(
-        err.to_string().contains("slide") || err.to_string().contains("reduction"),
+        err.to_string()
+            .contains("is a reduction; only its result can slide"),
         "{err}"
     );
     // Twice on one stage.
