@@ -7,6 +7,20 @@
 use harl_te::interp::round_to;
 use harl_te::{BinaryOp, CmpOp, DType, Expr, Graph, ReduceOp, TensorRef, UnaryOp};
 
+/// The lanes of the vectors that end a vectorised loop whose extent they do not divide: the
+/// last `extent % ACC_ROW_LANES` iterations run as one vector of this many lanes, its loads
+/// and stores of tensors masked, when [`masked_tail`] says so.
+pub const ACC_ROW_LANES: usize = 8;
+
+/// Whether a vectorised loop of `extent` iterations ends in a masked vector: its remainder
+/// is neither a whole 4-lane vector nor one scalar iteration. A register tile's accumulator
+/// rows are then padded to whole vectors ([`LoopKind::acc_row`]), so the masked vector's
+/// accumulators stay whole in registers.
+pub fn masked_tail(extent: usize) -> bool {
+    let r = extent % ACC_ROW_LANES;
+    r >= 2 && r != 4
+}
+
 /// How a loop is emitted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LoopKind {
@@ -33,6 +47,16 @@ pub enum LoopKind {
 }
 
 impl LoopKind {
+    /// The row length an accumulator block gives a tile loop of this kind and `extent`:
+    /// padded to whole vectors where a vectorised loop ends in a masked one.
+    pub fn acc_row(self, extent: usize) -> usize {
+        if self == LoopKind::Vectorized && masked_tail(extent) {
+            extent.next_multiple_of(ACC_ROW_LANES)
+        } else {
+            extent
+        }
+    }
+
     /// Whether the loop is bound to GPU blocks or threads (serial on the CPU).
     pub fn is_gpu(self) -> bool {
         matches!(

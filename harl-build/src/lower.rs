@@ -1516,7 +1516,7 @@ impl Lowering {
                 .collect();
         }
         if !lp.reduce && self.stages[s].cache_write.is_some_and(|p| pos > p) {
-            acc.push((var, extent));
+            acc.push((var, lp.kind.acc_row(extent)));
         }
         let mut inner = self.emit_loops(s, pos + 1, env, acc)?;
         if !lp.reduce && self.stages[s].cache_write.is_some_and(|p| pos > p) {
@@ -1728,7 +1728,7 @@ impl Lowering {
         let size = st.loops[pos + 1..]
             .iter()
             .filter(|l| !l.reduce)
-            .map(|l| st.loop_extent(l))
+            .map(|l| l.kind.acc_row(st.loop_extent(l)))
             .product();
         let mut out = vec![Stmt::AccDecl {
             size,
@@ -1776,7 +1776,7 @@ impl Lowering {
         let extent = self.stages[s].loop_extent(&lp);
         let var = self.new_var(extent);
         let mut body = self.bind_parts(s, &lp, var, env);
-        tile.push((var, extent));
+        tile.push((var, lp.kind.acc_row(extent)));
         let inner = self.emit_tile_loops(s, p, env, tile, leaf);
         tile.pop();
         body.extend(self.guard(s, &lp, env, inner));
@@ -1847,7 +1847,7 @@ impl Lowering {
     }
 }
 
-/// Flat index into an accumulator tile from its loop variables, row-major.
+/// Flat index into an accumulator tile from its loop variables and row lengths, row-major.
 fn tile_index(tile: &[(usize, usize)]) -> Expr {
     let mut idx: Option<Expr> = None;
     for &(v, e) in tile {

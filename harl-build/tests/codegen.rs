@@ -74,6 +74,12 @@ fn cases() -> Vec<Case> {
         depthwise_bias_relu6(8, 32, 1),
         // Stride 2: the padded rows split into their phases, each tap one contiguous load.
         depthwise_bias_relu6(8, 32, 2),
+        // Rows that whole vectors do not divide end in one masked vector (`masked_tail`):
+        // 7-pixel rows of a stride-2 depthwise convolution (their stride-2 reads masked too),
+        // and GEMM rows of 10 and 11 columns (8 whole lanes, then 2 and 3 masked).
+        depthwise_bias_relu6(8, 14, 2),
+        matmul(3, 5, 10, false),
+        matmul(6, 4, 11, true),
     ];
     let mut out = Vec::new();
     for (gi, g) in graphs.iter().enumerate() {

@@ -180,6 +180,7 @@ fn emit_nest(
         unroll_bytes,
         variant: var,
         forward: None,
+        acc_len: 0,
     };
     match nest.body.as_slice() {
         [Stmt::For {
@@ -633,6 +634,8 @@ struct Cx<'a> {
     variant: Variant,
     /// In an epilogue's value: the accumulating stage, whose loads are `__v`.
     forward: Option<usize>,
+    /// The length of the accumulator block last declared.
+    acc_len: usize,
 }
 
 impl Cx<'_> {
@@ -743,6 +746,7 @@ impl Cx<'_> {
             // On the CPU the reads stay global: a cache-sized box gains nothing from a copy.
             Stmt::Shared { body, .. } => self.stmts(body),
             Stmt::AccDecl { size, dtype, init } => {
+                self.acc_len = *size;
                 let init = const_lit(*init, *dtype);
                 self.line(&format!("let mut acc = [{init}; {size}];"));
             }

@@ -17,28 +17,33 @@
 //! (`horizontal`), which for a sum reassociates, as the schedule's vectorised reduction asks.
 
 use super::Cx;
-use crate::loop_ir::{in_bounds, Stmt};
+use crate::loop_ir::{in_bounds, masked_tail, Stmt};
 use crate::target::Variant;
 use harl_te::{BinaryOp, DType, Expr, ReduceOp, TensorRef, UnaryOp};
 
-/// One vector width: its lane count and intrinsic prefix.
+/// One vector width: its lane count and intrinsic prefix, and the lanes a chunk uses (fewer
+/// in a loop's masked last chunk: its loads and stores of tensors touch only those).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Width {
     lanes: usize,
     prefix: &'static str,
+    used: usize,
 }
 
 const ZMM: Width = Width {
     lanes: 16,
     prefix: "_mm512",
+    used: 16,
 };
 const YMM: Width = Width {
     lanes: 8,
     prefix: "_mm256",
+    used: 8,
 };
 const XMM: Width = Width {
     lanes: 4,
     prefix: "_mm",
+    used: 4,
 };
 
 /// The vector widths a variant emits explicitly, widest first.
@@ -63,14 +68,56 @@ impl Width {
     fn op(self, name: &str, args: &[&str]) -> String {
         format!("{}_{name}_ps({})", self.prefix, args.join(", "))
     }
+    fn is_masked(self) -> bool {
+        self.used < self.lanes
+    }
+    /// This width with every lane used: for the accumulator block, whose rows are padded to
+    /// whole vectors.
+    fn whole(self) -> Width {
+        Width {
+            used: self.lanes,
+            ..self
+        }
+    }
+    /// The mask of this width's first `n` lanes, for `maskload`.
+    fn first_lanes(self, n: usize) -> String {
+        let lanes: Vec<&str> = (0..self.lanes)
+            .map(|l| if l < n { "-1" } else { "0" })
+            .collect();
+        format!("{}_setr_epi32({})", self.prefix, lanes.join(", "))
+    }
     fn load(self, ptr: &str) -> String {
-        self.op("loadu", &[ptr])
+        if self.is_masked() {
+            self.op("maskload", &[ptr, &self.first_lanes(self.used)])
+        } else {
+            self.op("loadu", &[ptr])
+        }
     }
     /// The elements at `ptr[0], ptr[2], .., ptr[2 * (lanes - 1)]` (a stride-2 read: a strided
     /// convolution's or pooling's input row): two loads, the second masked to end at the last
     /// element the lanes read, so nothing past the scalar reads is touched, then the even
     /// elements gathered by a permute.
     fn load_even(self, ptr: &str) -> String {
+        if self.is_masked() {
+            // The used lanes read `2 * used - 1` elements: the loads mask the rest.
+            let n = 2 * self.used - 1;
+            let lo = if n >= 8 {
+                "_mm256_loadu_ps(__s)".to_string()
+            } else {
+                format!("_mm256_maskload_ps(__s, {})", self.first_lanes(n))
+            };
+            let hi = if n > 8 {
+                format!(
+                    "_mm256_maskload_ps(__s.add(8), {})",
+                    self.first_lanes(n - 8)
+                )
+            } else {
+                "_mm256_setzero_ps()".to_string()
+            };
+            return format!(
+                "{{ let __s = {ptr}; let __t = _mm256_shuffle_ps::<0b10_00_10_00>({lo}, {hi}); _mm256_castpd_ps(_mm256_permute4x64_pd::<0b11_01_10_00>(_mm256_castps_pd(__t))) }}"
+            );
+        }
         match self.lanes {
             16 => format!(
                 "{{ let __s = {ptr}; _mm512_permutex2var_ps(_mm512_loadu_ps(__s), _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30), _mm512_maskz_loadu_ps(0x7fff, __s.add(16))) }}"
@@ -87,7 +134,29 @@ impl Width {
         self.op("set1", &[x])
     }
     fn store(self, ptr: &str, v: &str) -> String {
-        format!("{};", self.op("storeu", &[ptr, v]))
+        if !self.is_masked() {
+            return format!("{};", self.op("storeu", &[ptr, v]));
+        }
+        // The used lanes as 4-, 2- and 1-lane stores: a masked store is slow on some cores
+        // (AMD's before Zen 4).
+        let mut out =
+            format!("{{ let __q = {ptr}; let __w = {v}; let __l = _mm256_castps256_ps128(__w); ");
+        let (mut at, mut rest) = (0, self.used);
+        if rest >= 4 {
+            out.push_str("_mm_storeu_ps(__q, __l); let __l = _mm256_extractf128_ps::<1>(__w); ");
+            (at, rest) = (4, rest - 4);
+        }
+        if rest >= 2 {
+            out.push_str(&format!(
+                "_mm_store_sd(__q.add({at}) as *mut f64, _mm_castps_pd(__l)); let __l = _mm_movehl_ps(__l, __l); "
+            ));
+            (at, rest) = (at + 2, rest - 2);
+        }
+        if rest == 1 {
+            out.push_str(&format!("_mm_store_ss(__q.add({at}), __l); "));
+        }
+        out.push('}');
+        out
     }
     /// `a.max(b)` / `a.min(b)` with `f32`'s NaN rule: where `b` is NaN, `a`.
     fn min_max(self, which: &str, a: &str, b: &str) -> String {
@@ -173,28 +242,15 @@ impl Cx<'_> {
         let [stmt] = body else {
             return false;
         };
-        // The widest vectors first, then one of each narrower width that still fits (28 lanes
-        // are 16 + 8 + 4), then the scalar body for the rest.
-        let mut pieces: Vec<(Width, usize, String)> = Vec::new();
-        let mut done = 0;
-        for (k, &w) in widths(self.variant).iter().enumerate() {
-            let count = if k == 0 {
-                (extent - done) / w.lanes
-            } else {
-                usize::from(extent - done >= w.lanes)
-            };
-            if count == 0 {
-                continue;
-            }
-            let Some(vector) = self.vector_stmt(w, var, stmt) else {
-                return false;
-            };
-            pieces.push((w, count, vector));
-            done += count * w.lanes;
-        }
-        if pieces.is_empty() {
+        let widths = widths(self.variant);
+        let masked = masked_tail(extent) && widths.contains(&YMM);
+        let Some(pieces) = self
+            .pieces(var, extent, masked, stmt)
+            .or_else(|| masked.then(|| self.pieces(var, extent, false, stmt))?)
+        else {
             return false;
-        }
+        };
+        let done: usize = pieces.iter().map(|(w, count, _)| w.used * count).sum();
         let mut start = 0;
         for (w, count, vector) in pieces {
             if count <= 4 {
@@ -213,7 +269,7 @@ impl Cx<'_> {
                 self.line(&format!("    {vector}"));
                 self.line("}");
             }
-            start += count * w.lanes;
+            start += count * w.used;
         }
         if done < extent {
             self.line(&format!("for v{var} in {done}isize..{extent}isize {{"));
@@ -225,14 +281,52 @@ impl Cx<'_> {
         true
     }
 
+    /// The chunks of a vector loop and the vector form of `stmt` in each: the widest vectors
+    /// first, then one of each narrower width that still fits (28 lanes are 16 + 8 + 4), or
+    /// with `masked`, whole 8-lane vectors down to the remainder and one masked vector for
+    /// it; the scalar body does the rest. None when the statement has no vector form.
+    fn pieces(
+        &mut self,
+        var: usize,
+        extent: usize,
+        masked: bool,
+        stmt: &Stmt,
+    ) -> Option<Vec<(Width, usize, String)>> {
+        let mut pieces = Vec::new();
+        let mut done = 0;
+        for (k, &w) in widths(self.variant).iter().enumerate() {
+            if masked && w.lanes < YMM.lanes {
+                break;
+            }
+            let count = if k == 0 {
+                (extent - done) / w.lanes
+            } else {
+                usize::from(extent - done >= w.lanes)
+            };
+            if count > 0 {
+                pieces.push((w, count, self.vector_stmt(w, var, stmt)?));
+                done += count * w.lanes;
+            }
+        }
+        if masked {
+            let w = Width {
+                used: extent - done,
+                ..YMM
+            };
+            pieces.push((w, 1, self.vector_stmt(w, var, stmt)?));
+        }
+        (!pieces.is_empty()).then_some(pieces)
+    }
+
     /// The vector form of `stmt` at the chunk starting at `v{var}`.
     fn vector_stmt(&mut self, w: Width, var: usize, stmt: &Stmt) -> Option<String> {
         match stmt {
             Stmt::AccUpdate { index, op, value } if coefficient(index, var)? == 0 => {
                 // A vectorised reduce loop into one accumulator element: the chunk's lanes
                 // reduced as a tree (a schedule that vectorises a reduce loop reassociates it,
-                // as rfactor does), then combined into the element.
-                if self.p.graph.stages[self.stage].dtype != DType::F32 {
+                // as rfactor does), then combined into the element. A masked chunk's unused
+                // lanes would join the tree.
+                if self.p.graph.stages[self.stage].dtype != DType::F32 || w.is_masked() {
                     return None;
                 }
                 let v = self.vector_expr(w, var, value)?;
@@ -250,10 +344,11 @@ impl Cx<'_> {
             Stmt::AccUpdate { index, op, value } => {
                 if self.p.graph.stages[self.stage].dtype != DType::F32
                     || coefficient(index, var)? != 1
+                    || !self.acc_whole(w, index)
                 {
                     return None;
                 }
-                let cur = w.load("__p");
+                let cur = w.whole().load("__p");
                 let new = match (op, value) {
                     (ReduceOp::Sum, Expr::Binary(BinaryOp::Mul, x, y)) => {
                         let x = self.vector_expr(w, var, x)?;
@@ -268,7 +363,7 @@ impl Cx<'_> {
                 let i = self.idx(index);
                 Some(format!(
                     "{{ let __p = acc.as_mut_ptr().add(({i}) as usize); {} }}",
-                    w.store("__p", &new)
+                    w.whole().store("__p", &new)
                 ))
             }
             Stmt::Store {
@@ -294,12 +389,13 @@ impl Cx<'_> {
             } => {
                 if self.p.graph.stages[self.stage].dtype != DType::F32
                     || coefficient(index, var)? != 1
+                    || !self.acc_whole(w, index)
                 {
                     return None;
                 }
                 let ptr = self.vector_ptr(TensorRef::Stage(e.stage), dest, var)?;
                 let i = self.idx(index);
-                let a = w.load(&format!("acc.as_ptr().add(({i}) as usize)"));
+                let a = w.whole().load(&format!("acc.as_ptr().add(({i}) as usize)"));
                 self.forward = Some(*stage);
                 let v = self.vector_expr(w, var, &e.value);
                 self.forward = None;
@@ -317,12 +413,13 @@ impl Cx<'_> {
             } => {
                 if self.p.graph.stages[self.stage].dtype != DType::F32
                     || coefficient(index, var)? != 1
+                    || !self.acc_whole(w, index)
                 {
                     return None;
                 }
                 let ptr = self.vector_ptr(TensorRef::Stage(*stage), dest, var)?;
                 let i = self.idx(index);
-                let a = w.load(&format!("acc.as_ptr().add(({i}) as usize)"));
+                let a = w.whole().load(&format!("acc.as_ptr().add(({i}) as usize)"));
                 let new = match combine {
                     None => a,
                     Some(op) => w.combine(*op, &w.load("__p"), &a),
@@ -331,6 +428,17 @@ impl Cx<'_> {
             }
             _ => None,
         }
+    }
+
+    /// Whether the accumulator block holds chunk `w`'s every lane at `acc[index]`, the used
+    /// and (in a masked chunk) the unused ones past the loop's end: interval analysis of the
+    /// index against the block's length ([`crate::loop_ir::LoopKind::acc_row`] pads its rows).
+    fn acc_whole(&self, w: Width, index: &Expr) -> bool {
+        if !w.is_masked() {
+            return true;
+        }
+        let (_, hi) = harl_te::graph::interval(index, &self.p.var_extents);
+        i64::try_from(self.acc_len).is_ok_and(|len| hi + ((w.lanes - w.used) as i64) < len)
     }
 
     /// The address of `t[index]` at the chunk's first lane, when `t` holds `f32`, the access
@@ -483,15 +591,40 @@ mod tests {
     }
 
     #[test]
-    fn odd_extents_take_narrower_vectors_then_a_scalar_tail() {
-        // 13 columns: one 8-lane and one 4-lane chunk, then one scalar column.
-        let g = w::matmul(4, 8, 13).expect("matmul");
-        let src = nest_source(&g, Variant::Avx512);
+    fn odd_extents_end_in_a_masked_vector_a_narrower_one_or_a_scalar() {
+        // 13 columns: one whole 8-lane chunk, then 5 lanes masked, stored as 4 + 1.
+        let src = nest_source(&w::matmul(4, 8, 13).expect("matmul"), Variant::Avx2);
         assert!(
-            src.contains("_mm256_fmadd_ps") && src.contains("_mm_fmadd_ps"),
+            src.contains("_mm256_maskload_ps(")
+                && src.contains("_mm256_setr_epi32(-1, -1, -1, -1, -1, 0, 0, 0)"),
             "{src}"
         );
-        assert!(src.contains("in 12isize..13isize"), "{src}");
+        assert!(src.contains("_mm_store_ss(__q.add(4), __l)"), "{src}");
+        // The accumulator's 4 rows of 13 padded to 16: the masked chunk updates it whole.
+        assert!(
+            src.contains("let mut acc = [(0.0f32); 64]") && src.contains("v8 * 16isize"),
+            "{src}"
+        );
+        assert!(!src.contains("in 8isize..13isize"), "{src}");
+        // 12: 8 + 4 lanes, nothing masked; 9: 8 lanes and one scalar column.
+        let src = nest_source(&w::matmul(4, 8, 12).expect("matmul"), Variant::Avx2);
+        assert!(
+            src.contains("_mm_fmadd_ps") && !src.contains("maskload"),
+            "{src}"
+        );
+        let src = nest_source(&w::matmul(4, 8, 9).expect("matmul"), Variant::Avx2);
+        assert!(
+            src.contains("in 8isize..9isize") && !src.contains("maskload"),
+            "{src}"
+        );
+        // AVX-512: 16 + 8 whole lanes, then 6 masked (two-lane store last).
+        let src = nest_source(&w::matmul(4, 8, 30).expect("matmul"), Variant::Avx512);
+        assert!(
+            src.contains("_mm512_fmadd_ps")
+                && src.contains("_mm256_setr_epi32(-1, -1, -1, -1, -1, -1, 0, 0)")
+                && src.contains("_mm_store_sd(__q.add(4)"),
+            "{src}"
+        );
     }
 
     #[test]
