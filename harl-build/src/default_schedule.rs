@@ -412,23 +412,64 @@ fn widen_lanes(graph: &Graph, s: usize, lanes: usize) -> usize {
 
 /// A reduction with spatial axes past the rows (a depthwise convolution within its padding,
 /// per channel): the reduce loops inside the other spatial loops, the last spatial axis
-/// innermost and vectorised, accumulated in a block along it.
-fn emit_plane_reduction(steps: &mut Vec<Step>, graph: &Graph, s: usize, k: usize) {
+/// innermost and vectorised, accumulated in a block of [`plane_rows`] output rows whose
+/// loop, unrolled, sits inside the reduce loops: each tap's weight then feeds that many
+/// independent accumulator chains instead of one.
+fn emit_plane_reduction(
+    steps: &mut Vec<Step>,
+    graph: &Graph,
+    s: usize,
+    k: usize,
+    target: &CpuTarget,
+) {
     let stage = &graph.stages[s];
     let ns = stage.n_spatial();
     let n_axes = stage.axis_extents().len();
     let order: Vec<usize> = (0..ns - 1).chain(ns..n_axes).chain([ns - 1]).collect();
     steps.push(Step::Reorder { stage: s, order });
-    steps.push(Step::CacheWrite {
-        stage: s,
-        at: plane_block_loop(ns, k),
-    });
-    if stage.shape[ns - 1] >= 4 {
-        steps.push(Step::Vectorize {
+    let block = plane_block_loop(ns, k);
+    let lanes = (target.vector_bytes / elem_bytes(stage.dtype)).max(1);
+    let rows = plane_rows(stage.shape[block], stage.shape[ns - 1], lanes);
+    let mut last = n_axes - 1;
+    if rows > 1 {
+        // Loops `block` and `block + 1` are the block's rows; the rows go in front of the
+        // vector loop, behind the reduce loops.
+        steps.push(Step::Split {
             stage: s,
-            at: n_axes - 1,
+            at: block,
+            factors: vec![rows],
+        });
+        last += 1;
+        let order: Vec<usize> = (0..=block)
+            .chain(block + 2..last)
+            .chain([block + 1, last])
+            .collect();
+        steps.push(Step::Reorder { stage: s, order });
+        steps.push(Step::Unroll {
+            stage: s,
+            at: last - 1,
         });
     }
+    steps.push(Step::CacheWrite {
+        stage: s,
+        at: block,
+    });
+    if stage.shape[ns - 1] >= 4 {
+        steps.push(Step::Vectorize { stage: s, at: last });
+    }
+}
+
+/// Independent accumulator vectors a plane reduction's block aims for: enough to cover a
+/// fused multiply-add's latency on two pipes, few enough to leave registers for the loads.
+const PLANE_ACCUMULATORS: usize = 8;
+
+/// The output rows a plane reduction accumulates at once: the largest divisor of its `rows`
+/// whose rows of `width` elements (whole and partial `lanes`-wide vectors) stay within
+/// [`PLANE_ACCUMULATORS`]. One row of a 7x7 plane is one vector, whose 9 taps, as one chain
+/// of dependent multiply-adds, left the pipes idle.
+fn plane_rows(rows: usize, width: usize, lanes: usize) -> usize {
+    let vectors = width.div_ceil(lanes).max(1);
+    largest_divisor_at_most(rows, PLANE_ACCUMULATORS / vectors)
 }
 
 /// The loop of a plane reduction ([`emit_plane_reduction`]; `ns` spatial axes, rows of `k`)
@@ -469,7 +510,7 @@ fn emit_row_member(
     let stage = &graph.stages[s];
     let ns = stage.n_spatial();
     if stage.reduce.is_some() && ns > k {
-        emit_plane_reduction(steps, graph, s, k);
+        emit_plane_reduction(steps, graph, s, k, target);
         return;
     }
     if stage.reduce.is_some() {
@@ -1187,6 +1228,37 @@ mod tests {
         // 64 wide (8 vectors), in four panels of 16.
         assert_eq!(plan_of(1), (Some(16), true, true));
         assert!(matches!(plan_of(64), (_, false, true)));
+    }
+
+    #[test]
+    fn plane_reductions_accumulate_enough_rows_to_fill_the_pipes() {
+        // 7x7 outputs, one vector a row: all 7 rows; rows of 14 (two vectors): 2 of 14
+        // rows; rows of 56 (seven vectors) and a prime row count past the cap: one row.
+        assert_eq!(plane_rows(7, 7, 8), 7);
+        assert_eq!(plane_rows(14, 14, 8), 2);
+        assert_eq!(plane_rows(56, 56, 8), 1);
+        assert_eq!(plane_rows(13, 5, 8), 1);
+        assert_eq!(plane_rows(28, 28, 16), 4);
+        // In the schedule: a depthwise convolution with a 7x7 output unrolls its 7 rows
+        // inside the taps, one accumulator block of 7 padded rows.
+        let g = w::depthwise_conv2d(1, 16, 14, 14, 3, 3, 2, 1, 1).expect("depthwise");
+        let avx2 = CpuTarget {
+            vector_bytes: 32,
+            acc_registers: 12,
+            vector_registers: 16,
+            threads: 1,
+        };
+        let steps = default_schedule(&g, &avx2).steps;
+        assert!(
+            steps
+                .iter()
+                .any(|st| matches!(st, Step::Split { factors, .. } if factors == &[7]))
+                && steps.iter().any(|st| matches!(st, Step::Unroll { .. })),
+            "{steps:?}"
+        );
+        let program = crate::lower::lower(&g, &Schedule { steps }).expect("lowers");
+        let src = format!("{:?}", program.nests);
+        assert!(src.contains("AccDecl { size: 56"), "{src}");
     }
 
     /// The extents of the loops on the way down to the first innermost statement of the
