@@ -11,7 +11,7 @@ use crate::layout::{copy_steps, layout_choice, panel_layout, Layout};
 use crate::register_tile::TileProblem;
 use crate::rows::row_chains;
 use crate::schedule::{Schedule, Step};
-use harl_te::{Expr, Graph, TensorRef};
+use harl_te::{DType, Expr, Graph, TensorRef};
 
 pub use crate::target::CpuTarget;
 
@@ -254,7 +254,7 @@ fn plan(
         }
         // A plain tile reads a weight in panels of its width (`layout::panel_layout`); a thin
         // tile in narrower panels, one stream each (`thin_streams`).
-        let lanes_of = (target.vector_bytes / elem_bytes(stage.dtype)).max(1);
+        let lanes_of = vector_lanes(target, stage.dtype);
         let streams = plan.as_ref().map_or(1, |p| thin_streams(p, lanes_of));
         let panels = plan
             .as_ref()
@@ -428,7 +428,7 @@ fn emit_plane_reduction(
     let order: Vec<usize> = (0..ns - 1).chain(ns..n_axes).chain([ns - 1]).collect();
     steps.push(Step::Reorder { stage: s, order });
     let block = plane_block_loop(ns, k);
-    let lanes = (target.vector_bytes / elem_bytes(stage.dtype)).max(1);
+    let lanes = vector_lanes(target, stage.dtype);
     let rows = plane_rows(stage.shape[block], stage.shape[ns - 1], lanes);
     let mut last = n_axes - 1;
     if rows > 1 {
@@ -539,7 +539,7 @@ fn emit_row_member(
     if ns == k || has_select(&stage.body) {
         return;
     }
-    let lanes = (target.vector_bytes / elem_bytes(stage.dtype)).max(1);
+    let lanes = vector_lanes(target, stage.dtype);
     let last = stage.shape[ns - 1];
     let Some(v) = last_axis_vector(last, lanes) else {
         return;
@@ -638,7 +638,7 @@ fn row_reduction_lanes(graph: &Graph, s: usize, target: &CpuTarget) -> Option<us
     }
     let ns = stage.n_spatial();
     let n_axes = ns + 1;
-    let lanes = (target.vector_bytes / elem_bytes(stage.dtype)).max(1);
+    let lanes = vector_lanes(target, stage.dtype);
     let extent = r.extents[0];
     if extent < 4 * lanes || !extent.is_multiple_of(lanes) {
         return None;
@@ -865,7 +865,7 @@ pub fn plan_tiles(graph: &Graph, s: usize, target: &CpuTarget) -> Option<TilePla
     let row_axis = (0..ns)
         .filter(|&a| a != vec_axis && ext[a] > 1)
         .max_by_key(|&a| (!vec_operand_axes.contains(&a), ext[a]));
-    let lanes = (target.vector_bytes / elem_bytes(stage.dtype)).max(1);
+    let lanes = vector_lanes(target, stage.dtype);
     // Cache blocks: about 256 of the reduction, 128-256 of the vector axis, 48-96 rows.
     let kc = largest_divisor_at_most(r.extents[0], 256);
     let tile = row_axis.map(|a| {
@@ -1121,7 +1121,7 @@ fn emit_simple(steps: &mut Vec<Step>, graph: &Graph, s: usize, target: &CpuTarge
     let ns = stage.n_spatial();
     let mut loops = Loops::new(s, stage.axis_extents().len());
     let mut spatial_loops = ns;
-    let lanes = (target.vector_bytes / elem_bytes(stage.dtype)).max(1);
+    let lanes = vector_lanes(target, stage.dtype);
     let guarded = guarded_axes(stage);
     let free_prefix = guarded.iter().position(|&g| g).unwrap_or(ns);
     let mut vectorise =
@@ -1187,6 +1187,11 @@ pub(crate) fn elem_bytes(d: harl_te::DType) -> usize {
         harl_te::DType::F64 => 8,
         _ => 4,
     }
+}
+
+/// The lanes of one of `target`'s vectors of `dtype` elements (at least 1).
+fn vector_lanes(target: &CpuTarget, dtype: DType) -> usize {
+    (target.vector_bytes / elem_bytes(dtype)).max(1)
 }
 
 pub(crate) fn largest_divisor_at_most(n: usize, cap: usize) -> usize {

@@ -242,12 +242,7 @@ impl Cx<'_> {
         let [stmt] = body else {
             return false;
         };
-        let widths = widths(self.variant);
-        let masked = masked_tail(extent) && widths.contains(&YMM);
-        let Some(pieces) = self
-            .pieces(var, extent, masked, stmt)
-            .or_else(|| masked.then(|| self.pieces(var, extent, false, stmt))?)
-        else {
+        let Some(pieces) = self.pieces(var, extent, stmt) else {
             return false;
         };
         let done: usize = pieces.iter().map(|(w, count, _)| w.used * count).sum();
@@ -282,21 +277,30 @@ impl Cx<'_> {
     }
 
     /// The chunks of a vector loop and the vector form of `stmt` in each: the widest vectors
-    /// first, then one of each narrower width that still fits (28 lanes are 16 + 8 + 4), or
-    /// with `masked`, whole 8-lane vectors down to the remainder and one masked vector for
-    /// it; the scalar body does the rest. None when the statement has no vector form.
+    /// first, then one of each narrower width that still fits (28 lanes are 16 + 8 + 4), then
+    /// the scalar body; where [`masked_tail`] says so and the statement has that form, the
+    /// remainder after the 8-lane vectors is one masked 8-lane vector instead. None when the
+    /// statement has no vector form.
     fn pieces(
         &mut self,
         var: usize,
         extent: usize,
-        masked: bool,
         stmt: &Stmt,
     ) -> Option<Vec<(Width, usize, String)>> {
+        let widths = widths(self.variant);
+        let masked = masked_tail(extent) && widths.contains(&YMM);
         let mut pieces = Vec::new();
         let mut done = 0;
-        for (k, &w) in widths(self.variant).iter().enumerate() {
+        for (k, &w) in widths.iter().enumerate() {
             if masked && w.lanes < YMM.lanes {
-                break;
+                let tail = Width {
+                    used: extent - done,
+                    ..YMM
+                };
+                if let Some(vector) = self.vector_stmt(tail, var, stmt) {
+                    pieces.push((tail, 1, vector));
+                    break;
+                }
             }
             let count = if k == 0 {
                 (extent - done) / w.lanes
@@ -307,13 +311,6 @@ impl Cx<'_> {
                 pieces.push((w, count, self.vector_stmt(w, var, stmt)?));
                 done += count * w.lanes;
             }
-        }
-        if masked {
-            let w = Width {
-                used: extent - done,
-                ..YMM
-            };
-            pieces.push((w, 1, self.vector_stmt(w, var, stmt)?));
         }
         (!pieces.is_empty()).then_some(pieces)
     }
