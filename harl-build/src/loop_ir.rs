@@ -12,6 +12,11 @@ use harl_te::{BinaryOp, CmpOp, DType, Expr, Graph, ReduceOp, TensorRef, UnaryOp}
 /// and stores of tensors masked, when [`masked_tail`] says so.
 pub const ACC_ROW_LANES: usize = 8;
 
+/// The lanes of the widest vectors (AVX-512's): where a loop's remainder after them is more
+/// than [`ACC_ROW_LANES`], that variant ends the loop in one masked vector of this many lanes
+/// ([`masked_wide_tail`]).
+pub const WIDE_ROW_LANES: usize = 16;
+
 /// Whether a vectorised loop of `extent` iterations ends in a masked vector: its remainder
 /// is neither a whole 4-lane vector nor one scalar iteration. A register tile's accumulator
 /// rows are then padded to whole vectors ([`LoopKind::acc_row`]), so the masked vector's
@@ -19,6 +24,14 @@ pub const ACC_ROW_LANES: usize = 8;
 pub fn masked_tail(extent: usize) -> bool {
     let r = extent % ACC_ROW_LANES;
     r >= 2 && r != 4
+}
+
+/// Whether a vectorised loop of `extent` iterations ends, in the variant with
+/// [`WIDE_ROW_LANES`]-lane vectors, in one masked vector of that width: its remainder after
+/// the whole ones is more than [`ACC_ROW_LANES`] (a 14-pixel row is one masked 16-lane vector
+/// there, not 8 lanes and a masked 8). Accumulator rows are padded to match.
+pub fn masked_wide_tail(extent: usize) -> bool {
+    extent % WIDE_ROW_LANES > ACC_ROW_LANES
 }
 
 /// How a loop is emitted.
@@ -50,7 +63,11 @@ impl LoopKind {
     /// The row length an accumulator block gives a tile loop of this kind and `extent`:
     /// padded to whole vectors where a vectorised loop ends in a masked one.
     pub fn acc_row(self, extent: usize) -> usize {
-        if self == LoopKind::Vectorized && masked_tail(extent) {
+        if self != LoopKind::Vectorized {
+            extent
+        } else if masked_wide_tail(extent) {
+            extent.next_multiple_of(WIDE_ROW_LANES)
+        } else if masked_tail(extent) {
             extent.next_multiple_of(ACC_ROW_LANES)
         } else {
             extent

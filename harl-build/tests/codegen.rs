@@ -80,6 +80,13 @@ fn cases() -> Vec<Case> {
         depthwise_bias_relu6(8, 14, 2),
         matmul(3, 5, 10, false),
         matmul(6, 4, 11, true),
+        // On AVX-512 a remainder of more than 8 lanes is one masked 16-lane vector
+        // (`masked_wide_tail`): 14-pixel rows of a stride-2 depthwise convolution (a masked
+        // 16-lane stride-2 read in its phase copy), 28 pixels at stride 1 (16 + a masked 12),
+        // GEMM rows of 25 (16 + a masked 9, the accumulator's rows padded to 32).
+        depthwise_bias_relu6(8, 28, 2),
+        depthwise_bias_relu6(4, 28, 1),
+        matmul(3, 7, 25, true),
     ];
     let mut out = Vec::new();
     for (gi, g) in graphs.iter().enumerate() {

@@ -17,7 +17,7 @@
 //! (`horizontal`), which for a sum reassociates, as the schedule's vectorised reduction asks.
 
 use super::Cx;
-use crate::loop_ir::{in_bounds, masked_tail, Stmt};
+use crate::loop_ir::{in_bounds, masked_tail, masked_wide_tail, Stmt};
 use crate::target::Variant;
 use harl_te::{BinaryOp, DType, Expr, ReduceOp, TensorRef, UnaryOp};
 
@@ -79,18 +79,27 @@ impl Width {
             ..self
         }
     }
-    /// The mask of this width's first `n` lanes, for `maskload`.
+    /// The mask of this width's first `n` lanes: a vector for AVX's `maskload`, a `__mmask16`
+    /// for AVX-512's masked moves.
     fn first_lanes(self, n: usize) -> String {
+        if self.lanes == ZMM.lanes {
+            return format!("{:#06x}u16", (1u32 << n.min(16)) - 1);
+        }
         let lanes: Vec<&str> = (0..self.lanes)
             .map(|l| if l < n { "-1" } else { "0" })
             .collect();
         format!("{}_setr_epi32({})", self.prefix, lanes.join(", "))
     }
     fn load(self, ptr: &str) -> String {
-        if self.is_masked() {
-            self.op("maskload", &[ptr, &self.first_lanes(self.used)])
-        } else {
+        if !self.is_masked() {
             self.op("loadu", &[ptr])
+        } else if self.lanes == ZMM.lanes {
+            format!(
+                "_mm512_maskz_loadu_ps({}, {ptr})",
+                self.first_lanes(self.used)
+            )
+        } else {
+            self.op("maskload", &[ptr, &self.first_lanes(self.used)])
         }
     }
     /// The elements at `ptr[0], ptr[2], .., ptr[2 * (lanes - 1)]` (a stride-2 read: a strided
@@ -98,6 +107,19 @@ impl Width {
     /// element the lanes read, so nothing past the scalar reads is touched, then the even
     /// elements gathered by a permute.
     fn load_even(self, ptr: &str) -> String {
+        if self.is_masked() && self.lanes == ZMM.lanes {
+            // The used lanes read `2 * used - 1` elements: the loads mask the rest.
+            let n = 2 * self.used - 1;
+            let lo = if n >= 16 {
+                "_mm512_loadu_ps(__s)".to_string()
+            } else {
+                format!("_mm512_maskz_loadu_ps({}, __s)", self.first_lanes(n))
+            };
+            return format!(
+                "{{ let __s = {ptr}; _mm512_permutex2var_ps({lo}, _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30), _mm512_maskz_loadu_ps({}, __s.add(16))) }}",
+                self.first_lanes(n.saturating_sub(16))
+            );
+        }
         if self.is_masked() {
             // The used lanes read `2 * used - 1` elements: the loads mask the rest.
             let n = 2 * self.used - 1;
@@ -136,6 +158,13 @@ impl Width {
     fn store(self, ptr: &str, v: &str) -> String {
         if !self.is_masked() {
             return format!("{};", self.op("storeu", &[ptr, v]));
+        }
+        if self.lanes == ZMM.lanes {
+            // AVX-512's masked store is one fast instruction (unlike AVX's `maskstore`).
+            return format!(
+                "_mm512_mask_storeu_ps({ptr}, {}, {v});",
+                self.first_lanes(self.used)
+            );
         }
         // The used lanes as 4-, 2- and 1-lane stores: a masked store is slow on some cores
         // (AMD's before Zen 4).
@@ -277,31 +306,20 @@ impl Cx<'_> {
     }
 
     /// The chunks of a vector loop and the vector form of `stmt` in each: the widest vectors
-    /// first, then one of each narrower width that still fits (28 lanes are 16 + 8 + 4), then
-    /// the scalar body; where [`masked_tail`] says so and the statement has that form, the
-    /// remainder after the 8-lane vectors is one masked 8-lane vector instead. None when the
-    /// statement has no vector form.
+    /// first, then one of each narrower width that still fits (27 lanes are 16 + 8 + 3
+    /// scalars), then the scalar body; where [`masked_wide_tail`] or [`masked_tail`] says so
+    /// and the statement has that form, the remainder after the 16- or 8-lane vectors is one
+    /// masked vector of that width instead (28 lanes on AVX-512: 16 + a masked 12). None when
+    /// the statement has no vector form.
     fn pieces(
         &mut self,
         var: usize,
         extent: usize,
         stmt: &Stmt,
     ) -> Option<Vec<(Width, usize, String)>> {
-        let widths = widths(self.variant);
-        let masked = masked_tail(extent) && widths.contains(&YMM);
         let mut pieces = Vec::new();
         let mut done = 0;
-        for (k, &w) in widths.iter().enumerate() {
-            if masked && w.lanes < YMM.lanes {
-                let tail = Width {
-                    used: extent - done,
-                    ..YMM
-                };
-                if let Some(vector) = self.vector_stmt(tail, var, stmt) {
-                    pieces.push((tail, 1, vector));
-                    break;
-                }
-            }
+        for (k, &w) in widths(self.variant).iter().enumerate() {
             let count = if k == 0 {
                 (extent - done) / w.lanes
             } else {
@@ -310,6 +328,21 @@ impl Cx<'_> {
             if count > 0 {
                 pieces.push((w, count, self.vector_stmt(w, var, stmt)?));
                 done += count * w.lanes;
+            }
+            // The rest, fewer than `w.lanes`: one masked vector of this width where the rule
+            // for the width says so and the statement has that form.
+            let rest = extent - done;
+            let masked = match w.lanes {
+                16 => masked_wide_tail(rest),
+                8 => masked_tail(rest),
+                _ => false,
+            };
+            if masked {
+                let tail = Width { used: rest, ..w };
+                if let Some(vector) = self.vector_stmt(tail, var, stmt) {
+                    pieces.push((tail, 1, vector));
+                    break;
+                }
             }
         }
         (!pieces.is_empty()).then_some(pieces)
@@ -614,12 +647,29 @@ mod tests {
             src.contains("in 8isize..9isize") && !src.contains("maskload"),
             "{src}"
         );
-        // AVX-512: 16 + 8 whole lanes, then 6 masked (two-lane store last).
+        // AVX-512: 16 whole lanes, then 14 in one masked 16-lane vector (loads, fused
+        // multiply-adds and the store), the accumulator's rows padded to 32.
         let src = nest_source(&w::matmul(4, 8, 30).expect("matmul"), Variant::Avx512);
+        assert!(
+            src.contains("_mm512_maskz_loadu_ps(0x3fffu16, ")
+                && src.contains("_mm512_mask_storeu_ps(")
+                && src.contains("let mut acc = [(0.0f32); 128]")
+                && !src.contains("_mm256_"),
+            "{src}"
+        );
+        // 22: 16, then 6 lanes in a masked 8-lane vector (two-lane store last).
+        let src = nest_source(&w::matmul(4, 8, 22).expect("matmul"), Variant::Avx512);
         assert!(
             src.contains("_mm512_fmadd_ps")
                 && src.contains("_mm256_setr_epi32(-1, -1, -1, -1, -1, -1, 0, 0)")
-                && src.contains("_mm_store_sd(__q.add(4)"),
+                && src.contains("_mm_store_sd(__q.add(4)")
+                && !src.contains("_mm512_maskz_loadu_ps"),
+            "{src}"
+        );
+        // 12, below one 16-lane vector: one masked 16-lane vector, not 8 + 4.
+        let src = nest_source(&w::matmul(4, 8, 12).expect("matmul"), Variant::Avx512);
+        assert!(
+            src.contains("_mm512_maskz_loadu_ps(0x0fffu16, ") && !src.contains("_mm_fmadd_ps"),
             "{src}"
         );
     }
