@@ -10,7 +10,7 @@
 
 use crate::default_schedule::{elem_bytes, largest_divisor_at_most, uses_axis};
 use crate::limits::MAX_LOOPS_PER_STAGE;
-use crate::loop_ir::{Program, Stmt};
+use crate::loop_ir::{masked_tail, masked_wide_tail, Program, Stmt, ACC_ROW_LANES, WIDE_ROW_LANES};
 use crate::register_tile::{choose, throughput, TileProblem};
 use crate::schedule::{Schedule, Step};
 use crate::target::CpuTarget;
@@ -50,6 +50,25 @@ pub fn vector_tile(extent: usize, lanes: usize) -> usize {
 /// gained nothing or lost up to 8% the same way, so they keep their row tiles.
 const FASTER: f64 = 1.05;
 
+/// What a layout's tile pays per output element for writing its block back across the
+/// output's rows (scalar stores; a fused consumer then runs as a pass of its own), in cycles
+/// of multiply-adds: a layout must fill its vectors enough better than the row tile to pay
+/// for it. MobileNet-V2's 1x1 convolution 96 -> 576 at 14x14 (a 196-pixel row: 16 + a masked
+/// 12 lanes, 7/8 of them used, against 32 filters) ran 105.5 us in the filter layout and 96.8
+/// with the row tile and its epilogue in the write-back; 320 -> 1280 at 7x7 (49 pixels: 16 x 3
+/// and a scalar) 177 against 416 (AVX-512, 1 thread, `harl-bench probe --against`,
+/// 2026-12-07): about 0.75 cycles an element fits both.
+const WRITE_BACK_CYCLES: f64 = 0.75;
+
+/// Cycles of multiply-adds per output element of a tile over `reduction` steps whose vectors
+/// use `lane_use` of their `lanes` (two multiply-adds a cycle).
+fn cycles_per_output(reduction: usize, lanes: usize, lane_use: f64) -> f64 {
+    if lane_use <= 0.0 {
+        return f64::INFINITY;
+    }
+    reduction as f64 / (2.0 * lanes as f64 * lane_use)
+}
+
 /// Each copied element of an activation must feed at least this many multiply-adds: below it
 /// the copy, made on every call, costs more than the better vector saves.
 const MIN_REUSE: usize = 16;
@@ -57,7 +76,7 @@ const MIN_REUSE: usize = 16;
 /// The layout of stage `s`, if it wants one. The stage's last spatial axis must be a poor
 /// vector: some operand is read along it with a stride other than 0 or 1 (a strided
 /// convolution's input), or the default's register tile along it leaves vector lanes idle
-/// ([`lane_use`] below 1: 7, 14, 28 or 56 pixels of a convolution's row). The new vector axis
+/// ([`lane_use`] below 1: 7, 14, 28, 49 or 56 pixels of a convolution's row). The new vector axis
 /// indexes a whole dimension of a graph input that does not depend on the last axis, and no
 /// other operand depends on it (a convolution's filter axis: every other operand is then
 /// broadcast along the vector); unless the row is strided, its own tile must use the lanes
@@ -127,7 +146,10 @@ pub fn layout_choice(graph: &Graph, s: usize, target: &CpuTarget) -> Option<Layo
             let own = choose(&problem, target);
             let faster =
                 windowed && throughput(&problem, target, own.rows, own.width) > row_speed * FASTER;
-            let better = extent >= 2 && (strided || lane_use(tile, lanes) > row_use || faster);
+            let fuller = cycles_per_output(reduction, lanes, lane_use(tile, lanes))
+                + WRITE_BACK_CYCLES
+                < cycles_per_output(reduction, lanes, row_use);
+            let better = extent >= 2 && (strided || fuller || faster);
             if best.as_ref().is_some_and(|(e, _)| *e >= extent) || !better {
                 continue;
             }
@@ -545,19 +567,30 @@ fn copy_repeats(p: &Program, c: usize) -> u128 {
 
 /// The share of vector lanes doing work when `n` elements are computed as codegen emits them
 /// for a vector of `lanes`: full vectors, then one each of the halves that fit (down to 4
-/// lanes), then one scalar operation per element left. 28 elements on 16 lanes: 16 + 8 + 4,
-/// three operations for 28 of 48 lanes.
+/// lanes), then one scalar operation per element left, except where the remainder after the
+/// 16- or 8-lane vectors is one masked vector ([`masked_wide_tail`], [`masked_tail`]). 28
+/// elements on 16 lanes: 16 + a masked 12, two operations for 28 of 32 lanes; 49: 16 x 3 and
+/// one scalar.
 pub fn lane_use(n: usize, lanes: usize) -> f64 {
     if n == 0 || lanes == 0 {
         return 0.0;
     }
     let mut ops = n / lanes;
     let mut rest = n % lanes;
-    let mut w = lanes / 2;
-    while w >= 4 {
+    let mut w = lanes;
+    while w >= 4 && rest > 0 {
         if rest >= w {
             ops += 1;
             rest -= w;
+        }
+        let masked = match w {
+            WIDE_ROW_LANES => masked_wide_tail(rest),
+            ACC_ROW_LANES => masked_tail(rest),
+            _ => false,
+        };
+        if masked {
+            ops += 1;
+            rest = 0;
         }
         w /= 2;
     }
@@ -831,10 +864,18 @@ mod tests {
     #[test]
     fn lane_use_counts_the_operations_codegen_emits() {
         assert_eq!(lane_use(32, 16), 1.0);
-        // 16 + 8 + 4: three operations.
-        assert!((lane_use(28, 16) - 28.0 / 48.0).abs() < 1e-12);
-        // 4 + 3 scalars.
-        assert!((lane_use(7, 16) - 7.0 / 64.0).abs() < 1e-12);
+        // 16 + a masked 12: two operations.
+        assert!((lane_use(28, 16) - 28.0 / 32.0).abs() < 1e-12);
+        // One masked 8-lane vector.
+        assert!((lane_use(7, 16) - 7.0 / 16.0).abs() < 1e-12);
+        // 16 x 3, then one scalar; on 8 lanes 8 x 6 and one scalar.
+        assert!((lane_use(49, 16) - 49.0 / 64.0).abs() < 1e-12);
+        assert!((lane_use(49, 8) - 49.0 / 56.0).abs() < 1e-12);
+        // 8 lanes: 8 + 4 (no mask), 8 + a masked 6.
+        assert!((lane_use(12, 8) - 12.0 / 16.0).abs() < 1e-12);
+        assert!((lane_use(14, 8) - 14.0 / 16.0).abs() < 1e-12);
+        // 4 lanes (no explicit vectors): 4 + 3 scalars.
+        assert!((lane_use(7, 4) - 7.0 / 16.0).abs() < 1e-12);
         assert_eq!(lane_use(0, 16), 0.0);
     }
 
