@@ -705,11 +705,12 @@ mod tests {
     /// filters reuse it; not with few filters, not when the channels are already there.
     #[test]
     fn convolution_inputs_are_read_in_rows() {
-        let g = pointwise_4d(4, 7, 256);
+        let g = pointwise_4d(256, 7, 256);
         let s = g.stages.len() - 1;
         let l = row_copy(&g, s, None, 1).expect("a row copy");
         assert_eq!((l.input, l.order, l.panel), (0, vec![0, 2, 1, 3], None));
-        // The default schedule makes it, beside the filter's layout.
+        // The default schedule makes it, beside the filter's layout (a reduction long enough
+        // to pay for the layout's write-back: with 4 channels the 7-pixel row tile stays).
         let avx2 = avx2(2);
         let steps = crate::default_schedule::default_schedule(&g, &avx2).steps;
         let copies: Vec<usize> = steps
@@ -720,6 +721,8 @@ mod tests {
             })
             .collect();
         assert_eq!(copies, vec![1, 0], "{steps:?}");
+        let short = pointwise_4d(4, 7, 256);
+        assert!(layout_choice(&short, short.stages.len() - 1, &avx2).is_none());
         let few = pointwise_4d(4, 7, 64);
         assert!(
             row_copy(&few, few.stages.len() - 1, None, 1).is_none(),
@@ -892,7 +895,8 @@ mod tests {
         let s = g.stages.len() - 1;
         let l = layout_choice(&g, s, &t).expect("a layout");
         assert_eq!((l.vec_axis, l.order.clone()), (1, vec![1, 2, 3, 0]));
-        // 56 pixels a row (a 28-wide tile, 16 + 8 + 4): the filter axis, 64 wide, is better.
+        // 56 pixels a row (a 28-wide tile, 16 + a masked 12): the filter axis, 64 wide, is
+        // better, over a reduction long enough to pay for its write-back.
         let g = w::conv2d(1, 64, 56, 56, 64, 3, 3, 1, 1, 1, 1).expect("conv2d");
         assert!(layout_choice(&g, g.stages.len() - 1, &t).is_some());
         // 64 pixels a row fill their vectors: no layout.
@@ -904,5 +908,25 @@ mod tests {
         // A copy that would not pay for itself (one output row per filter element): none.
         let g = w::conv2d(1, 256, 1, 1, 256, 1, 1, 1, 0, 1, 1).expect("conv2d");
         assert!(layout_choice(&g, 0, &t).is_none());
+    }
+
+    /// A filter layout writes its tiles back across the output's rows: it must fill its
+    /// vectors enough better than the row tile to pay for that ([`WRITE_BACK_CYCLES`]).
+    #[test]
+    fn a_layout_pays_for_its_write_back() {
+        let t = crate::target::Variant::Avx512.cpu_target("x86_64", 1);
+        // 196 pixels (7/8 of the lanes used, 16 + a masked 12) over 96 channels: the row tile.
+        let g = pointwise(96, 576, 196);
+        assert!(layout_choice(&g, g.stages.len() - 1, &t).is_none());
+        // 49 pixels (16 x 3 and a scalar, 49/64) over 320 channels: the filter layout.
+        let g = pointwise(320, 1280, 49);
+        assert!(layout_choice(&g, g.stages.len() - 1, &t).is_some());
+        assert!(
+            cycles_per_output(96, 16, 1.0) + WRITE_BACK_CYCLES > cycles_per_output(96, 16, 0.875)
+        );
+        assert!(
+            cycles_per_output(320, 16, 1.0) + WRITE_BACK_CYCLES
+                < cycles_per_output(320, 16, 49.0 / 64.0)
+        );
     }
 }
