@@ -111,23 +111,26 @@ fn search_decisions_are_the_recorded_ones() {
     // task's layout sketch is seeded with more rows); and when a vectorised loop's accumulator
     // rows were padded to whole vectors for masked tails (`LoopKind::acc_row`): the cost
     // model's accumulator features changed, so every strategy that uses it decides anew
-    // (random, which does not, kept its digests).
+    // (random, which does not, kept its digests); and when AVX-512 rows with a remainder of
+    // 9-15 lanes were padded to 16 (`masked_wide_tail`) and a layout had to pay for its
+    // write-back (`layout::WRITE_BACK_CYCLES`): the default sketch's structure changed, so
+    // every strategy, random too, measures other schedules.
     let want: &[(&str, &str, u64)] = &[
-        ("harl", "harl", 0xb1e88cd3a7abc6bf),
-        ("harl", "gradient", 0x2cfb136d6f566e2f),
-        ("harl", "round-robin", 0xfad7b2fa3a78a71e),
-        ("harl-adaptive", "harl", 0xb1e88cd3a7abc6bf),
-        ("harl-adaptive", "gradient", 0x2cfb136d6f566e2f),
-        ("harl-adaptive", "round-robin", 0xfad7b2fa3a78a71e),
-        ("ansor", "harl", 0xfac71186cf34d094),
-        ("ansor", "gradient", 0xbc205906afecd61b),
-        ("ansor", "round-robin", 0x46698affc5c7bfda),
-        ("autotvm", "harl", 0xe5209504c50da1e9),
-        ("autotvm", "gradient", 0x2b87d6ae2bea8901),
-        ("autotvm", "round-robin", 0x191a5ec5aa5c17d3),
-        ("random", "harl", 0x71c73a267c681074),
-        ("random", "gradient", 0x0b2648c35c7bfd17),
-        ("random", "round-robin", 0xf750c3e4e1193c12),
+        ("harl", "harl", 0xcc828a4c13c809c6),
+        ("harl", "gradient", 0x61069deb1245f7ba),
+        ("harl", "round-robin", 0x62b90c99eb44516f),
+        ("harl-adaptive", "harl", 0xcc828a4c13c809c6),
+        ("harl-adaptive", "gradient", 0x61069deb1245f7ba),
+        ("harl-adaptive", "round-robin", 0x62b90c99eb44516f),
+        ("ansor", "harl", 0x7d04f57cad0ad160),
+        ("ansor", "gradient", 0x23b12a7f62a127de),
+        ("ansor", "round-robin", 0x04475a87b5fcf017),
+        ("autotvm", "harl", 0x2f03d151a394a2d1),
+        ("autotvm", "gradient", 0x99ca6648a293f5e6),
+        ("autotvm", "round-robin", 0x4a40ed2c3ac1202b),
+        ("random", "harl", 0x71c6954c66d11cfc),
+        ("random", "gradient", 0x48abc9726d56b2d4),
+        ("random", "round-robin", 0xbd75f52ecc8a2a13),
     ];
     assert_eq!(got.len(), want.len(), "digests not recorded yet");
     for ((s, t, d), (ws, wt, wd)) in got.iter().zip(want) {

@@ -548,7 +548,9 @@ fn samples_exercise_every_step_and_emit() {
         for target in targets() {
             for (i, sk) in generate_sketches(&case.graph, &target).iter().enumerate() {
                 let mut distinct = std::collections::HashSet::new();
-                for _ in 0..8 {
+                // Sixteen draws: a small space (a depthwise convolution's 7-pixel plane) can
+                // repeat points within eight.
+                for _ in 0..16 {
                     let p = sk.sample(i, &mut rng);
                     let sched = sk.to_schedule(&p).expect("valid");
                     for st in &sched.steps {
