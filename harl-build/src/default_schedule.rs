@@ -274,6 +274,15 @@ fn plan(
                 .map_or(1, |_| p.row[2]);
             crate::layout::row_copy(graph, s, copy.as_ref(), row_tile)
         });
+        // A layout's tile of up to 8 pixels by whole 8-lane groups of filters is written back
+        // through 8 x 8 transposes (`codegen::simd`), vectors along the output's rows: its
+        // consumer can then be computed there too.
+        let transposed = plan.as_ref().is_some_and(|p| {
+            p.block.is_none()
+                && p.row_axis.is_some_and(|a| a + 1 == stage.n_spatial())
+                && (2..=8).contains(&p.row[2])
+                && p.vec[2] % 8 == 0
+        });
         let tiled = plan.map(|plan| emit_tiled(&mut steps, graph, s, &plan, streams));
         for l in copy.into_iter().chain(rows) {
             inserts.push((s, Insert::CacheRead(l)));
@@ -284,7 +293,7 @@ fn plan(
             // own over the whole output (`harl-bench probe --workload resnet_s1_1x1_64`); even
             // computed in the write-back (scalar stores, the tile's vectors run across the
             // output's rows) they were 2-13% slower than their own pass (AVX-512, 2026-12-04).
-            Some(_) if in_layout => {}
+            Some(_) if in_layout && !transposed => {}
             Some(epilogue_at) => {
                 // Fuse one elementwise consumer that reads this stage where it was written.
                 let consumer =

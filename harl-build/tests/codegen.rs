@@ -87,6 +87,11 @@ fn cases() -> Vec<Case> {
         depthwise_bias_relu6(8, 28, 2),
         depthwise_bias_relu6(4, 28, 1),
         matmul(3, 7, 25, true),
+        // Filter-layout tiles of 7 and 8 pixels written back through 8 x 8 transposes with
+        // their bias and ReLU6 (`simd::transposed_write_back`; the 7-pixel rows' stores
+        // masked), a stride-2 one like a network's stem.
+        conv_bias_relu6(8, 7, 16, 1),
+        conv_bias_relu6(3, 16, 32, 2),
     ];
     let mut out = Vec::new();
     for (gi, g) in graphs.iter().enumerate() {

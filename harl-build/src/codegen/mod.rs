@@ -668,6 +668,19 @@ impl Cx<'_> {
         if let Stmt::For {
             var,
             extent,
+            kind: LoopKind::Unrolled,
+            body,
+        } = s
+        {
+            if let [inner] = body.as_slice() {
+                if self.transposed_write_back(*var, *extent, inner) {
+                    return;
+                }
+            }
+        }
+        if let Stmt::For {
+            var,
+            extent,
             kind: LoopKind::Serial,
             body,
         } = s

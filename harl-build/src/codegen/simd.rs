@@ -17,7 +17,7 @@
 //! (`horizontal`), which for a sum reassociates, as the schedule's vectorised reduction asks.
 
 use super::Cx;
-use crate::loop_ir::{in_bounds, masked_tail, masked_wide_tail, Stmt};
+use crate::loop_ir::{in_bounds, masked_tail, masked_wide_tail, LoopKind, Stmt};
 use crate::target::Variant;
 use harl_te::{BinaryOp, DType, Expr, ReduceOp, TensorRef, UnaryOp};
 
@@ -45,6 +45,14 @@ const XMM: Width = Width {
     prefix: "_mm",
     used: 4,
 };
+
+/// `__r0..__r7` (8 rows of 8 lanes) transposed into `__t0..__t7`: `__tj[i] = __ri[j]`.
+const TRANSPOSE_8X8: &str = "let (__u0, __u1, __u2, __u3) = (_mm256_unpacklo_ps(__r0, __r1), _mm256_unpackhi_ps(__r0, __r1), _mm256_unpacklo_ps(__r2, __r3), _mm256_unpackhi_ps(__r2, __r3)); \
+let (__u4, __u5, __u6, __u7) = (_mm256_unpacklo_ps(__r4, __r5), _mm256_unpackhi_ps(__r4, __r5), _mm256_unpacklo_ps(__r6, __r7), _mm256_unpackhi_ps(__r6, __r7)); \
+let (__s0, __s1, __s2, __s3) = (_mm256_shuffle_ps::<0x44>(__u0, __u2), _mm256_shuffle_ps::<0xee>(__u0, __u2), _mm256_shuffle_ps::<0x44>(__u1, __u3), _mm256_shuffle_ps::<0xee>(__u1, __u3)); \
+let (__s4, __s5, __s6, __s7) = (_mm256_shuffle_ps::<0x44>(__u4, __u6), _mm256_shuffle_ps::<0xee>(__u4, __u6), _mm256_shuffle_ps::<0x44>(__u5, __u7), _mm256_shuffle_ps::<0xee>(__u5, __u7)); \
+let (__t0, __t1, __t2, __t3) = (_mm256_permute2f128_ps::<0x20>(__s0, __s4), _mm256_permute2f128_ps::<0x20>(__s1, __s5), _mm256_permute2f128_ps::<0x20>(__s2, __s6), _mm256_permute2f128_ps::<0x20>(__s3, __s7)); \
+let (__t4, __t5, __t6, __t7) = (_mm256_permute2f128_ps::<0x31>(__s0, __s4), _mm256_permute2f128_ps::<0x31>(__s1, __s5), _mm256_permute2f128_ps::<0x31>(__s2, __s6), _mm256_permute2f128_ps::<0x31>(__s3, __s7));";
 
 /// The vector widths a variant emits explicitly, widest first.
 pub(super) fn widths(variant: Variant) -> &'static [Width] {
@@ -302,6 +310,89 @@ impl Cx<'_> {
             self.depth -= 1;
             self.line("}");
         }
+        true
+    }
+
+    /// Emits an accumulator block's write-back across the output's rows (a filter-major
+    /// tile: `for u in 0..rows { for v in 0..width { out[.., v, .., u] = acc[u * s + v] } }`,
+    /// the output contiguous along `u`, the block along `v`) as 8 x 8 transposes: each group
+    /// of 8 of `v` is loaded as up to 8 vectors (one per `u`), transposed in registers, and
+    /// stored as one vector along `u` per `v`, with the epilogue, if any, computed on it. A
+    /// scalar store per element before (a 7x7 convolution's 8 pixels x 32 filters: 256 stores
+    /// a block). False, with nothing emitted, when the loops are not of that form.
+    pub(super) fn transposed_write_back(&mut self, u: usize, rows: usize, inner: &Stmt) -> bool {
+        let Stmt::For {
+            var: v,
+            extent: width,
+            kind: LoopKind::Serial | LoopKind::Vectorized,
+            body,
+        } = inner
+        else {
+            return false;
+        };
+        let (u, v, width) = (u, *v, *width);
+        let [Stmt::AccStore {
+            index,
+            stage,
+            dest,
+            combine: None,
+            epilogue,
+        }] = body.as_slice()
+        else {
+            return false;
+        };
+        if !widths(self.variant).contains(&YMM)
+            || !(2..=YMM.lanes).contains(&rows)
+            || width % YMM.lanes != 0
+            || self.p.graph.stages[self.stage].dtype != DType::F32
+            || coefficient(index, v) != Some(1)
+        {
+            return false;
+        }
+        let w = Width { used: rows, ..YMM };
+        let out_stage = epilogue.as_ref().map_or(*stage, |e| e.stage);
+        let Some(ptr) = self.vector_ptr(TensorRef::Stage(out_stage), dest, u) else {
+            return false;
+        };
+        let value = match epilogue {
+            Some(e) => {
+                self.forward = Some(*stage);
+                let value = self.vector_expr(w, u, &e.value);
+                self.forward = None;
+                match value {
+                    Some(value) => value,
+                    None => return false,
+                }
+            }
+            None => "__v".to_string(),
+        };
+        let i = self.idx(index);
+        let loads: Vec<String> = (0..YMM.lanes)
+            .map(|r| {
+                if r < rows {
+                    format!(
+                        "let __r{r} = {{ let v{u}: isize = {r}; _mm256_loadu_ps(acc.as_ptr().add(({i}) as usize)) }};"
+                    )
+                } else {
+                    format!("let __r{r} = _mm256_setzero_ps();")
+                }
+            })
+            .collect();
+        self.line(&format!("for __g{v} in 0..{}isize {{", width / YMM.lanes));
+        self.depth += 1;
+        self.line(&format!("let v{v}: isize = __g{v} * 8;"));
+        for l in &loads {
+            self.line(l);
+        }
+        self.line(TRANSPOSE_8X8);
+        for r in 0..YMM.lanes {
+            self.line(&format!(
+                "{{ let v{v}: isize = __g{v} * 8 + {r}; let v{u}: isize = 0; let __v = __t{r}; let __p = {ptr}; {} }}",
+                w.store("__p", &value)
+            ));
+        }
+        self.depth -= 1;
+        self.line("}");
         true
     }
 
@@ -672,6 +763,38 @@ mod tests {
             src.contains("_mm512_maskz_loadu_ps(0x0fffu16, ") && !src.contains("_mm_fmadd_ps"),
             "{src}"
         );
+    }
+
+    #[test]
+    fn filter_layout_tiles_write_back_through_transposes_with_their_epilogue() {
+        use harl_te::{ops, DType, GraphBuilder};
+        // A 7x7 plane (7-pixel rows) of 64 filters with bias and ReLU: the filter layout's
+        // tile of 7 pixels, its write-back transposed (stores masked to 7 lanes) with the
+        // ReLU computed there, no pass of its own.
+        let mut b = GraphBuilder::new();
+        let x = b.input("x", &[1, 64, 7, 7], DType::F32);
+        let w = b.weight("w", &[64, 64, 3, 3], DType::F32);
+        let p = ops::Conv2dParams {
+            stride: (1, 1),
+            pad: (1, 1),
+            dilation: (1, 1),
+            groups: 1,
+        };
+        let y = ops::conv2d(&mut b, x, w, p).expect("conv");
+        ops::relu(&mut b, y).expect("relu");
+        let g = b.finish().expect("graph");
+        for variant in [Variant::Avx2, Variant::Avx512] {
+            let src = nest_source(&g, variant);
+            // The nest with the tile (the others copy the padded input).
+            let tile = src
+                .split("unsafe fn nest")
+                .find(|n| n.contains("_mm256_permute2f128_ps::<0x31>(__s3, __s7)"))
+                .unwrap_or_default();
+            assert!(
+                tile.contains("_mm256_max_ps") && tile.contains("_mm_store_sd(__q.add(4)"),
+                "{src}"
+            );
+        }
     }
 
     #[test]
