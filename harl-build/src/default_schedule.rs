@@ -288,11 +288,13 @@ fn plan(
             inserts.push((s, Insert::CacheRead(l)));
         }
         match tiled {
-            // A tile in a layout keeps its consumers apart: fused, they would walk the output
-            // across its rows (a filter-major tile), and ran 1.5-2x slower than a pass of their
-            // own over the whole output (`harl-bench probe --workload resnet_s1_1x1_64`); even
-            // computed in the write-back (scalar stores, the tile's vectors run across the
-            // output's rows) they were 2-13% slower than their own pass (AVX-512, 2026-12-04).
+            // A tile in a layout whose write-back is not transposed keeps its consumers apart:
+            // fused, they would walk the output across its rows (a filter-major tile), and ran
+            // 1.5-2x slower than a pass of their own over the whole output (`harl-bench probe
+            // --workload resnet_s1_1x1_64`); even computed in a write-back of scalar stores
+            // they were 2-13% slower than their own pass (AVX-512, 2026-12-04). Through the
+            // transposes they are computed on vectors along the rows: MobileNet-V2's stem 147
+            // us with the transposes alone, 142 fused (AVX-512, 1 thread, 2026-12-07).
             Some(_) if in_layout && !transposed => {}
             Some(epilogue_at) => {
                 // Fuse one elementwise consumer that reads this stage where it was written.
