@@ -330,7 +330,7 @@ impl Cx<'_> {
         else {
             return false;
         };
-        let (u, v, width) = (u, *v, *width);
+        let (v, width) = (*v, *width);
         let [Stmt::AccStore {
             index,
             stage,

@@ -213,42 +213,28 @@ pub fn i32_matvec(rows: usize, cols: usize) -> Graph {
 /// A depthwise 3x3 convolution (padding 1) of `c` channels of `hw` x `hw`, with a bias and
 /// ReLU6 (MobileNet-V2's), its filter and bias weights.
 pub fn depthwise_bias_relu6(c: usize, hw: usize, stride: usize) -> Graph {
-    use harl_te::ops::{self, Conv2dParams};
-    let mut b = GraphBuilder::new();
-    let x = b.input("x", &[1, c, hw, hw], DType::F32);
-    let w = b.weight("w", &[c, 1, 3, 3], DType::F32);
-    let bias = b.weight("bias", &[c, 1, 1], DType::F32);
-    let p = Conv2dParams {
-        stride: (stride, stride),
-        pad: (1, 1),
-        dilation: (1, 1),
-        groups: c,
-    };
-    let y = ops::conv2d(&mut b, x, w, p).expect("conv");
-    let y = ops::add(&mut b, y, bias).expect("bias");
-    ops::unary(
-        &mut b,
-        y,
-        |e| e.max(Expr::f32(0.0)).min(Expr::f32(6.0)),
-        "relu6",
-    )
-    .expect("relu6");
-    b.finish().expect("valid graph")
+    conv3x3_bias_relu6(c, hw, c, stride, c)
 }
 
 /// A 3x3 convolution (padding 1, `f` filters of weights) with bias and ReLU6: on a short row
 /// its tile takes the filter layout, written back through transposes with the epilogue.
 pub fn conv_bias_relu6(c: usize, hw: usize, f: usize, stride: usize) -> Graph {
+    conv3x3_bias_relu6(c, hw, f, stride, 1)
+}
+
+/// A 3x3 convolution of `groups` groups, padding 1, weights and bias as graph weights, then
+/// ReLU6.
+fn conv3x3_bias_relu6(c: usize, hw: usize, f: usize, stride: usize, groups: usize) -> Graph {
     use harl_te::ops::{self, Conv2dParams};
     let mut b = GraphBuilder::new();
     let x = b.input("x", &[1, c, hw, hw], DType::F32);
-    let w = b.weight("w", &[f, c, 3, 3], DType::F32);
+    let w = b.weight("w", &[f, c / groups, 3, 3], DType::F32);
     let bias = b.weight("bias", &[f, 1, 1], DType::F32);
     let p = Conv2dParams {
         stride: (stride, stride),
         pad: (1, 1),
         dilation: (1, 1),
-        groups: 1,
+        groups,
     };
     let y = ops::conv2d(&mut b, x, w, p).expect("conv");
     let y = ops::add(&mut b, y, bias).expect("bias");
