@@ -132,6 +132,48 @@ pub fn exp_f32x8(x: arch::__m256) -> arch::__m256 {
     _mm256_mul_ps(_mm256_mul_ps(p, pow2(n1)), pow2(_mm256_sub_epi32(ni, n1)))
 }
 
+/// [`exp_f32::<true>`] over the 16 lanes of an AVX-512 vector, bit for bit: [`exp_f32x8`]'s
+/// operations on 512-bit vectors. For the AVX-512 variant's explicit vector loops, which
+/// otherwise stored the lanes, ran the scalar function over them in a loop for the compiler to
+/// vectorise and loaded them back.
+///
+/// # Safety
+/// The CPU must have AVX-512F (the caller's `#[target_feature]`, or detection).
+#[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub fn exp_f32x16(x: arch::__m512) -> arch::__m512 {
+    use arch::*;
+    let xc = _mm512_min_ps(
+        _mm512_set1_ps(EXP_MAX_ARG),
+        _mm512_max_ps(_mm512_set1_ps(EXP_MIN_ARG), x),
+    );
+    let round = _mm512_set1_ps(ROUND);
+    let t = _mm512_fmadd_ps(xc, _mm512_set1_ps(LOG2_E), round);
+    let n = _mm512_sub_ps(t, round);
+    let ni = _mm512_sub_epi32(_mm512_castps_si512(t), _mm512_castps_si512(round));
+    let r = _mm512_fnmadd_ps(
+        n,
+        _mm512_set1_ps(LN2_LO),
+        _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), xc),
+    );
+    let mut p = _mm512_set1_ps(EXP_TAYLOR[0]);
+    for c in &EXP_TAYLOR[1..] {
+        p = _mm512_fmadd_ps(r, p, _mm512_set1_ps(*c));
+    }
+    // As in `exp_f32x8`: one integer add where every lane's result is normal.
+    let outside = _mm512_cmpgt_epi32_mask(ni, _mm512_set1_epi32(126))
+        | _mm512_cmpgt_epi32_mask(_mm512_set1_epi32(-125), ni);
+    if outside == 0 {
+        let scaled = _mm512_add_epi32(_mm512_castps_si512(p), _mm512_slli_epi32::<23>(ni));
+        return _mm512_castsi512_ps(scaled);
+    }
+    let n1 = _mm512_srai_epi32::<1>(ni);
+    let bias = _mm512_set1_epi32(127);
+    let pow2 = |k: __m512i| _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(k, bias)));
+    _mm512_mul_ps(_mm512_mul_ps(p, pow2(n1)), pow2(_mm512_sub_epi32(ni, n1)))
+}
+
 /// The natural logarithm (at most 2 ulp); `FMA` as for [`exp_f32`].
 #[inline(always)]
 pub fn ln_f32<const FMA: bool>(x: f32) -> f32 {
@@ -349,16 +391,10 @@ mod tests {
         }
     }
 
-    /// The AVX2 exp against the scalar one, bit for bit: every lane of vectors that mix
-    /// results of both paths (normal, subnormal, overflowing, NaN) and vectors of one kind.
-    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-    #[test]
-    fn the_avx2_exp_is_the_scalar_exp_bit_for_bit() {
-        use super::arch::*;
-        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
-            eprintln!("this CPU has no AVX2 and FMA: exp_f32x8 cannot run here");
-            return;
-        }
+    /// Inputs for the vector exps' bit-for-bit tests, in chunks of `lanes`: in file order (runs
+    /// of one kind: normal, subnormal, overflowing, NaN results) and interleaved (lanes of every
+    /// kind together).
+    fn exp_lanes(lanes: usize) -> Vec<Vec<f32>> {
         let mut xs: Vec<f32> = sweep(f32::MIN, f32::MAX, STEP)
             .chain(sweep(-104.5, 89.5, 7))
             .collect();
@@ -372,24 +408,61 @@ mod tests {
             -0.0,
             f32::MIN_POSITIVE,
         ]);
-        // In file order (runs of one kind) and interleaved (lanes of every kind together).
-        let stride = xs.len() / 8 + 1;
+        let stride = xs.len() / lanes + 1;
         let interleaved: Vec<f32> = (0..stride)
             .flat_map(|i| xs.iter().skip(i).step_by(stride).copied())
             .collect();
-        for x8 in xs.chunks_exact(8).chain(interleaved.chunks_exact(8)) {
+        xs.chunks_exact(lanes)
+            .chain(interleaved.chunks_exact(lanes))
+            .map(<[f32]>::to_vec)
+            .collect()
+    }
+
+    fn assert_scalar_exp(xs: &[f32], got: &[f32]) {
+        for (x, g) in xs.iter().zip(got) {
+            let want = exp_f32::<true>(*x);
+            assert!(
+                g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()),
+                "exp({x:e}): {g:e} against {want:e}"
+            );
+        }
+    }
+
+    /// The AVX2 exp against the scalar one, bit for bit.
+    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+    #[test]
+    fn the_avx2_exp_is_the_scalar_exp_bit_for_bit() {
+        use super::arch::*;
+        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
+            eprintln!("this CPU has no AVX2 and FMA: exp_f32x8 cannot run here");
+            return;
+        }
+        for x8 in exp_lanes(8) {
             let mut got = [0.0f32; 8];
             // SAFETY: AVX2 and FMA were detected above; loads and stores of 8 floats.
             unsafe {
                 _mm256_storeu_ps(got.as_mut_ptr(), exp_f32x8(_mm256_loadu_ps(x8.as_ptr())));
             }
-            for (x, g) in x8.iter().zip(got) {
-                let want = exp_f32::<true>(*x);
-                assert!(
-                    g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()),
-                    "exp({x:e}): {g:e} against {want:e}"
-                );
+            assert_scalar_exp(&x8, &got);
+        }
+    }
+
+    /// The AVX-512 exp against the scalar one, bit for bit.
+    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+    #[test]
+    fn the_avx512_exp_is_the_scalar_exp_bit_for_bit() {
+        use super::arch::*;
+        if !is_x86_feature_detected!("avx512f") {
+            eprintln!("this CPU has no AVX-512F: exp_f32x16 cannot run here");
+            return;
+        }
+        for x16 in exp_lanes(16) {
+            let mut got = [0.0f32; 16];
+            // SAFETY: AVX-512F was detected above; loads and stores of 16 floats.
+            unsafe {
+                _mm512_storeu_ps(got.as_mut_ptr(), exp_f32x16(_mm512_loadu_ps(x16.as_ptr())));
             }
+            assert_scalar_exp(&x16, &got);
         }
     }
 

@@ -639,11 +639,17 @@ impl Cx<'_> {
                 let x = self.vector_expr(w, var, a)?;
                 Some(w.op("sqrt", &[&x]))
             }
-            Expr::Unary(UnaryOp::Exp, a) if w.lanes == YMM.lanes => {
-                // Written with AVX2 intrinsics, the scalar exp's results bit for bit (both
-                // variants that emit 8-lane vectors enable AVX2 and FMA).
+            Expr::Unary(UnaryOp::Exp, a) if w.lanes >= YMM.lanes => {
+                // Written with AVX2 or AVX-512 intrinsics, the scalar exp's results bit for bit
+                // (both variants that emit 8-lane vectors enable AVX2 and FMA; 16-lane ones
+                // come from the AVX-512 variant alone).
                 let x = self.vector_expr(w, var, a)?;
-                Some(format!("::harl::runtime::math::exp_f32x8({x})"))
+                let f = if w.lanes == ZMM.lanes {
+                    "exp_f32x16"
+                } else {
+                    "exp_f32x8"
+                };
+                Some(format!("::harl::runtime::math::{f}({x})"))
             }
             Expr::Unary(op @ (UnaryOp::Exp | UnaryOp::Log | UnaryOp::Tanh | UnaryOp::Erf), a) => {
                 // harl's branch-free functions (the scalar code's, in these variants) over the
