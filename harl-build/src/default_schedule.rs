@@ -8,6 +8,7 @@
 //! outer spatial loops fused and run in parallel.
 
 use crate::layout::{copy_steps, layout_choice, panel_layout, Layout};
+use crate::loop_ir::ACC_ROW_LANES;
 use crate::register_tile::TileProblem;
 use crate::rows::row_chains;
 use crate::schedule::{Schedule, Step};
@@ -280,8 +281,8 @@ fn plan(
         let transposed = plan.as_ref().is_some_and(|p| {
             p.block.is_none()
                 && p.row_axis.is_some_and(|a| a + 1 == stage.n_spatial())
-                && (2..=8).contains(&p.row[2])
-                && p.vec[2] % 8 == 0
+                && (2..=ACC_ROW_LANES).contains(&p.row[2])
+                && p.vec[2] % ACC_ROW_LANES == 0
         });
         let tiled = plan.map(|plan| emit_tiled(&mut steps, graph, s, &plan, streams));
         for l in copy.into_iter().chain(rows) {

@@ -10,7 +10,7 @@
 
 use crate::default_schedule::{elem_bytes, largest_divisor_at_most, uses_axis};
 use crate::limits::MAX_LOOPS_PER_STAGE;
-use crate::loop_ir::{masked_tail, masked_wide_tail, Program, Stmt, ACC_ROW_LANES, WIDE_ROW_LANES};
+use crate::loop_ir::{masked_rest, Program, Stmt};
 use crate::register_tile::{choose, throughput, TileProblem};
 use crate::schedule::{Schedule, Step};
 use crate::target::CpuTarget;
@@ -568,9 +568,8 @@ fn copy_repeats(p: &Program, c: usize) -> u128 {
 /// The share of vector lanes doing work when `n` elements are computed as codegen emits them
 /// for a vector of `lanes`: full vectors, then one each of the halves that fit (down to 4
 /// lanes), then one scalar operation per element left, except where the remainder after the
-/// 16- or 8-lane vectors is one masked vector ([`masked_wide_tail`], [`masked_tail`]). 28
-/// elements on 16 lanes: 16 + a masked 12, two operations for 28 of 32 lanes; 49: 16 x 3 and
-/// one scalar.
+/// 16- or 8-lane vectors is one masked vector ([`masked_rest`]). 28 elements on 16 lanes:
+/// 16 + a masked 12, two operations for 28 of 32 lanes; 49: 16 x 3 and one scalar.
 pub fn lane_use(n: usize, lanes: usize) -> f64 {
     if n == 0 || lanes == 0 {
         return 0.0;
@@ -583,12 +582,7 @@ pub fn lane_use(n: usize, lanes: usize) -> f64 {
             ops += 1;
             rest -= w;
         }
-        let masked = match w {
-            WIDE_ROW_LANES => masked_wide_tail(rest),
-            ACC_ROW_LANES => masked_tail(rest),
-            _ => false,
-        };
-        if masked {
+        if masked_rest(w, rest) {
             ops += 1;
             rest = 0;
         }

@@ -34,6 +34,17 @@ pub fn masked_wide_tail(extent: usize) -> bool {
     extent % WIDE_ROW_LANES > ACC_ROW_LANES
 }
 
+/// Whether `rest` iterations left after a variant's `lanes`-wide vectors (fewer than `lanes`)
+/// run as one masked vector of that width: [`masked_wide_tail`] for 16 lanes, [`masked_tail`]
+/// for 8, never for narrower vectors.
+pub fn masked_rest(lanes: usize, rest: usize) -> bool {
+    match lanes {
+        WIDE_ROW_LANES => masked_wide_tail(rest),
+        ACC_ROW_LANES => masked_tail(rest),
+        _ => false,
+    }
+}
+
 /// How a loop is emitted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LoopKind {

@@ -17,7 +17,7 @@
 //! (`horizontal`), which for a sum reassociates, as the schedule's vectorised reduction asks.
 
 use super::Cx;
-use crate::loop_ir::{in_bounds, masked_tail, masked_wide_tail, LoopKind, Stmt};
+use crate::loop_ir::{in_bounds, masked_rest, LoopKind, Stmt};
 use crate::target::Variant;
 use harl_te::{BinaryOp, DType, Expr, ReduceOp, TensorRef, UnaryOp};
 
@@ -367,28 +367,21 @@ impl Cx<'_> {
             None => "__v".to_string(),
         };
         let i = self.idx(index);
-        let loads: Vec<String> = (0..YMM.lanes)
-            .map(|r| {
-                if r < rows {
-                    format!(
-                        "let __r{r} = {{ let v{u}: isize = {r}; _mm256_loadu_ps(acc.as_ptr().add(({i}) as usize)) }};"
-                    )
-                } else {
-                    format!("let __r{r} = _mm256_setzero_ps();")
-                }
-            })
-            .collect();
+        let store = w.store("__p", &value);
         self.line(&format!("for __g{v} in 0..{}isize {{", width / YMM.lanes));
         self.depth += 1;
         self.line(&format!("let v{v}: isize = __g{v} * 8;"));
-        for l in &loads {
-            self.line(l);
+        for r in 0..YMM.lanes {
+            self.line(&if r < rows {
+                format!("let __r{r} = {{ let v{u}: isize = {r}; _mm256_loadu_ps(acc.as_ptr().add(({i}) as usize)) }};")
+            } else {
+                format!("let __r{r} = _mm256_setzero_ps();")
+            });
         }
         self.line(TRANSPOSE_8X8);
         for r in 0..YMM.lanes {
             self.line(&format!(
-                "{{ let v{v}: isize = __g{v} * 8 + {r}; let v{u}: isize = 0; let __v = __t{r}; let __p = {ptr}; {} }}",
-                w.store("__p", &value)
+                "{{ let v{v}: isize = __g{v} * 8 + {r}; let v{u}: isize = 0; let __v = __t{r}; let __p = {ptr}; {store} }}"
             ));
         }
         self.depth -= 1;
@@ -423,12 +416,7 @@ impl Cx<'_> {
             // The rest, fewer than `w.lanes`: one masked vector of this width where the rule
             // for the width says so and the statement has that form.
             let rest = extent - done;
-            let masked = match w.lanes {
-                16 => masked_wide_tail(rest),
-                8 => masked_tail(rest),
-                _ => false,
-            };
-            if masked {
+            if masked_rest(w.lanes, rest) {
                 let tail = Width { used: rest, ..w };
                 if let Some(vector) = self.vector_stmt(tail, var, stmt) {
                     pieces.push((tail, 1, vector));
