@@ -6,8 +6,10 @@
 pub mod aligned;
 pub mod math;
 pub mod peak;
+pub mod scratch;
 
 pub use aligned::AlignedBuf;
+pub use scratch::{scratch_keep, scratch_take, ScratchUse};
 
 use std::sync::OnceLock;
 
@@ -79,33 +81,6 @@ pub fn parallel_for(n: usize, body: impl Fn(usize) + Sync + Send) {
         // (an elementwise row) are not one task each.
         let chunk = (n / (threads * 8)).max(1);
         (0..n).into_par_iter().with_min_len(chunk).for_each(body);
-    }
-}
-
-/// Where a kernel keeps one intermediate buffer between calls, per calling thread.
-pub type ScratchSlot<T> = std::thread::LocalKey<std::cell::Cell<AlignedBuf<T>>>;
-
-/// Buffers larger than this many bytes are not kept between calls.
-const SCRATCH_KEEP_BYTES: usize = 256 << 20;
-
-/// The intermediate buffer in `slot`, ready for a call: `len` elements, each `fill` where there
-/// is one; without a fill the kernel writes every element before reading it. A buffer
-/// allocated afresh on every call paid for its pages again each time (page faults, the kernel
-/// zeroing them); kept, it costs nothing after the first call. Aligned to a cache line.
-pub fn scratch_take<T: aligned::Scalar>(
-    slot: &'static ScratchSlot<T>,
-    len: usize,
-    fill: Option<T>,
-) -> AlignedBuf<T> {
-    let mut v = slot.take();
-    v.reset(len, fill);
-    v
-}
-
-/// Puts a buffer back into `slot` for the next call on this thread (unless it is huge).
-pub fn scratch_keep<T: aligned::Scalar>(slot: &'static ScratchSlot<T>, v: AlignedBuf<T>) {
-    if v.capacity_bytes() <= SCRATCH_KEEP_BYTES {
-        slot.set(v);
     }
 }
 

@@ -34,11 +34,23 @@ mod sealed {
 pub trait Scalar:
     Copy + Default + Send + Sync + std::fmt::Debug + sealed::Sealed + 'static
 {
+    /// Whether every bit pattern of the type's size is a valid value (not so for `bool`): a
+    /// buffer recast to a type without this is zeroed first.
+    #[doc(hidden)]
+    const ANY_BITS: bool;
 }
-impl Scalar for f32 {}
-impl Scalar for f64 {}
-impl Scalar for i32 {}
-impl Scalar for bool {}
+impl Scalar for f32 {
+    const ANY_BITS: bool = true;
+}
+impl Scalar for f64 {
+    const ANY_BITS: bool = true;
+}
+impl Scalar for i32 {
+    const ANY_BITS: bool = true;
+}
+impl Scalar for bool {
+    const ANY_BITS: bool = false;
+}
 
 /// A growable-in-place buffer of `T` whose data starts on a 64-byte boundary; derefs to `[T]`.
 pub struct AlignedBuf<T: Scalar> {
@@ -86,6 +98,19 @@ impl<T: Scalar> AlignedBuf<T> {
         }
     }
 
+    /// The same allocation as an empty buffer of `U` (for pooling buffers of several element
+    /// types); its bytes are zeroed where not every bit pattern is a valid `U`.
+    pub(crate) fn recast<U: Scalar>(mut self) -> AlignedBuf<U> {
+        if !U::ANY_BITS {
+            self.lines.fill(ZERO_LINE);
+        }
+        AlignedBuf {
+            lines: self.lines,
+            len: 0,
+            _elem: PhantomData,
+        }
+    }
+
     /// The bytes the buffer owns (its capacity), for deciding whether to keep it.
     pub fn capacity_bytes(&self) -> usize {
         self.lines.len().saturating_mul(ALIGN)
@@ -121,8 +146,9 @@ impl<T: Scalar> Deref for AlignedBuf<T> {
     fn deref(&self) -> &[T] {
         // SAFETY: `lines` owns at least `len * size_of::<T>()` bytes (`reset`), aligned to 64,
         // which is a multiple of `T`'s alignment; every byte is initialised (lines start zeroed
-        // and are only written through `[T]`), and all-zero bytes and every written value are
-        // valid `T`s (`Scalar` is sealed to such types).
+        // and are only written through a `[T]`, here or before a `recast`), and all-zero bytes
+        // and every written value are valid `T`s (`Scalar` is sealed to such types; `recast`
+        // zeroes a buffer for a type with invalid bit patterns).
         unsafe { std::slice::from_raw_parts(self.lines.as_ptr().cast::<T>(), self.len) }
     }
 }

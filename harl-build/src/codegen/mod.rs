@@ -203,17 +203,21 @@ fn emit_nest(
         }
     });
     let (mut take, mut keep) = (String::new(), String::new());
-    for &s in &folded {
+    for (i, &s) in folded.iter().enumerate() {
         let ty = p.graph.stages[s].dtype.rust_name();
-        take.push_str(&scratch_take(&format!("f{s}"), ty, p.buffer_len(s), "None"));
+        let name = format!("f{s}");
+        take.push_str(&scratch_take(
+            &name,
+            Scratch::Iteration(i),
+            ty,
+            p.buffer_len(s),
+            "None",
+        ));
         let _ = writeln!(
             take,
             "    let b = Bufs {{ s{s}: ::harl::runtime::SyncPtr(__harl_f{s}.as_mut_ptr()), ..b }};"
         );
-        let _ = writeln!(
-            keep,
-            "    ::harl::runtime::scratch_keep(&__HARL_F{s}, __harl_f{s});"
-        );
+        keep.push_str(&scratch_keep(&name, Scratch::Iteration(i)));
     }
     let _ = write!(
         out,
@@ -230,12 +234,37 @@ fn emit_nest(
     );
 }
 
-/// Declares a per-thread buffer kept between calls (`harl::runtime::scratch_take`) and takes
-/// `n` elements of it as `__harl_{name}`; `__HARL_{NAME}` is what `scratch_keep` returns it to.
-fn scratch_take(name: &str, ty: &str, n: usize, fill: &str) -> String {
-    let key = name.to_uppercase();
+/// Which pooled per-thread buffer (`harl::runtime::scratch_take`) a kernel uses: the `i`-th
+/// its call holds, or the `i`-th one parallel iteration holds. Numbered from 0 in each kernel,
+/// so that the kernels a thread runs share their buffers.
+#[derive(Clone, Copy)]
+enum Scratch {
+    Call(usize),
+    Iteration(usize),
+}
+
+impl Scratch {
+    fn args(self) -> String {
+        match self {
+            Scratch::Call(i) => format!("::harl::runtime::ScratchUse::Call, {i}"),
+            Scratch::Iteration(i) => format!("::harl::runtime::ScratchUse::Iteration, {i}"),
+        }
+    }
+}
+
+/// Takes `n` elements of the pooled buffer `which` as `__harl_{name}`.
+fn scratch_take(name: &str, which: Scratch, ty: &str, n: usize, fill: &str) -> String {
     format!(
-        "    ::std::thread_local! {{ static __HARL_{key}: ::core::cell::Cell<::harl::runtime::AlignedBuf<{ty}>> = const {{ ::core::cell::Cell::new(::harl::runtime::AlignedBuf::new()) }}; }}\n    let mut __harl_{name} = ::harl::runtime::scratch_take(&__HARL_{key}, {n}, {fill});\n"
+        "    let mut __harl_{name} = ::harl::runtime::scratch_take::<{ty}>({}, {n}, {fill});\n",
+        which.args()
+    )
+}
+
+/// Returns `__harl_{name}` to the pool as `which`.
+fn scratch_keep(name: &str, which: Scratch) -> String {
+    format!(
+        "    ::harl::runtime::scratch_keep({}, __harl_{name});\n",
+        which.args()
     )
 }
 
@@ -376,6 +405,7 @@ fn emit_entry(out: &mut String, p: &Program, meta: &KernelMeta, entry: Entry<'_>
     );
     // Buffers are filled before any nest runs: each is written only by its own nest. A
     // folded one is the nest's own (`emit_nest`).
+    let mut call_scratch = Vec::new();
     for (s, st) in g.stages.iter().enumerate() {
         if !p.has_buffer[s] || p.fold[s] > 0 {
             continue;
@@ -398,7 +428,9 @@ fn emit_entry(out: &mut String, p: &Program, meta: &KernelMeta, entry: Entry<'_>
                 // fill it is written in full by its nest before anything reads it (the executor
                 // checks this by starting such buffers as NaN): no need to zero it first.
                 let fill = fill.map_or("None".to_string(), |v| format!("Some({v})"));
-                out.push_str(&scratch_take(&format!("s{s}"), ty, st.size(), &fill));
+                let which = Scratch::Call(call_scratch.len());
+                out.push_str(&scratch_take(&format!("s{s}"), which, ty, st.size(), &fill));
+                call_scratch.push(s);
             }
             Slot::Owned => {
                 // Made once per set of weights: zeroing it costs nothing that matters.
@@ -457,13 +489,8 @@ fn emit_entry(out: &mut String, p: &Program, meta: &KernelMeta, entry: Entry<'_>
             }
         }
     }
-    for s in 0..g.stages.len() {
-        if p.has_buffer[s] && p.fold[s] == 0 && matches!(entry.stage_slot(s, last), Slot::Scratch) {
-            let _ = writeln!(
-                out,
-                "    ::harl::runtime::scratch_keep(&__HARL_S{s}, __harl_s{s});"
-            );
-        }
+    for (i, &s) in call_scratch.iter().enumerate() {
+        out.push_str(&scratch_keep(&format!("s{s}"), Scratch::Call(i)));
     }
     if let Entry::Prepare(split) = entry {
         out.push_str("    Prepared {\n");
