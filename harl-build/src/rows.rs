@@ -51,8 +51,13 @@ pub fn row_chains(graph: &Graph, inlined: &[bool]) -> Vec<RowChain> {
         let stage = &graph.stages[first];
         let row_reduction = stage.reduce.as_ref().is_some_and(|r| r.extents.len() == 1)
             && walks_rows(&inlined_body(graph, inlined, first), stage.n_spatial());
+        let inlined_padding = inlined_padding_rows(graph, inlined, first);
         let start = if row_reduction {
             Some((stage.n_spatial(), false))
+        } else if let Some(k) = inlined_padding {
+            // The convolution of a padding read in place: it starts the chain, its own
+            // consumers join as for any chain.
+            Some((k, false))
         } else {
             kept.get(i + 1)
                 .and_then(|&c| padded_rows(graph, inlined, first, c))
@@ -80,7 +85,8 @@ pub fn row_chains(graph: &Graph, inlined: &[bool]) -> Vec<RowChain> {
                 st.size() / n_rows.max(1) * crate::default_schedule::elem_bytes(st.dtype)
             })
             .sum();
-        if members.len() >= 2 && n_rows >= MIN_ROWS && row_bytes <= MAX_ROW_BYTES {
+        let enough = members.len() >= 2 || inlined_padding.is_some();
+        if enough && n_rows >= MIN_ROWS && row_bytes <= MAX_ROW_BYTES {
             i += members.len();
             chains.push(RowChain { members, k });
         } else {
@@ -114,7 +120,7 @@ fn walks_rows(body: &Expr, ns: usize) -> bool {
 
 /// The leading axes along which reduction `c` reads padding stage `p` (a stage with a
 /// select) at its own index, short of `p`'s whole rank; none if `c` does not read `p` so.
-fn padded_rows(graph: &Graph, inlined: &[bool], p: usize, c: usize) -> Option<usize> {
+pub(crate) fn padded_rows(graph: &Graph, inlined: &[bool], p: usize, c: usize) -> Option<usize> {
     let (ps, cs) = (&graph.stages[p], &graph.stages[c]);
     let mut select = false;
     ps.body
@@ -141,6 +147,26 @@ fn padded_rows(graph: &Graph, inlined: &[bool], p: usize, c: usize) -> Option<us
     // Two axes at least (batch and channel): over the batch alone, a dense convolution would
     // lose its register tiles for little.
     (reads && k >= 2 && k < ps.n_spatial()).then_some(k)
+}
+
+/// The rows (leading axes) of reduction `c` when the padding stage it reads is inlined into
+/// it (the default reads small padded planes in place, with masked loads): those
+/// [`padded_rows`] gives with the padding kept.
+pub fn inlined_padding_rows(graph: &Graph, inlined: &[bool], c: usize) -> Option<usize> {
+    graph.stages.get(c)?.reduce.as_ref()?;
+    let mut padding = None;
+    graph.stages[c].body.visit(&mut |e| {
+        if let Expr::Load(TensorRef::Stage(p), _) = e {
+            let select = crate::default_schedule::has_select(&graph.stages[*p].body);
+            if inlined.get(*p).copied().unwrap_or(false) && select {
+                padding = Some(*p);
+            }
+        }
+    });
+    let p = padding?;
+    let mut kept = inlined.to_vec();
+    kept[p] = false;
+    padded_rows(graph, &kept, p, c)
 }
 
 /// Whether stage `c` can join a chain of `members` over `rows`; `plane`: it may reduce over

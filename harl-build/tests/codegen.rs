@@ -92,6 +92,12 @@ fn cases() -> Vec<Case> {
         // masked), a stride-2 one like a network's stem.
         conv_bias_relu6(8, 7, 16, 1),
         conv_bias_relu6(3, 16, 32, 2),
+        // Small planes read in place on AVX-512 (`default_schedule::padding_read_in_place`):
+        // the padding inlined, its reads masked loads and its bounds lane masks
+        // (`simd::bounded_load`, `lane_mask`); a 7x7 plane, and a 5x5 kernel with padding 2
+        // over a 6x6 plane.
+        depthwise_bias_relu6(8, 7, 1),
+        w::depthwise_conv2d(1, 8, 6, 6, 5, 5, 1, 2, 1).expect("depthwise 5x5"),
     ];
     let mut out = Vec::new();
     for (gi, g) in graphs.iter().enumerate() {

@@ -963,3 +963,23 @@ fn a_fourteen_pixel_convolution_tiles_two_output_rows_and_matches() {
         check(&g, &default_schedule(&g, &target), 31);
     }
 }
+
+/// On AVX-512 the default reads a small padded plane in place (the padding inlined into the
+/// convolution, its bounds checked per tap); the result is the interpreter's.
+#[test]
+fn small_padded_planes_read_in_place_match() {
+    let target = harl_build::target::Variant::Avx512.cpu_target("x86_64", 2);
+    for (hw, k, pad, dilation) in [(7, 3, 1, 1), (6, 5, 2, 1), (5, 3, 2, 2), (8, 3, 1, 1)] {
+        let g = depthwise(16, hw, k, 1, pad, dilation);
+        let s = default_schedule(&g, &target);
+        assert!(
+            s.steps
+                .iter()
+                .any(|st| matches!(st, Step::ComputeInline { stage: 0 })),
+            "{:?}",
+            s.steps
+        );
+        assert_eq!(lower(&g, &s).expect("lowers").nests.len(), 1);
+        check(&g, &s, 5);
+    }
+}

@@ -19,7 +19,7 @@
 use super::Cx;
 use crate::loop_ir::{in_bounds, masked_rest, LoopKind, Stmt};
 use crate::target::Variant;
-use harl_te::{BinaryOp, DType, Expr, ReduceOp, TensorRef, UnaryOp};
+use harl_te::{BinaryOp, CmpOp, DType, Expr, ReduceOp, TensorRef, UnaryOp};
 
 /// One vector width: its lane count and intrinsic prefix, and the lanes a chunk uses (fewer
 /// in a loop's masked last chunk: its loads and stores of tensors touch only those).
@@ -160,6 +160,41 @@ impl Width {
             ),
         }
     }
+    /// The lanes of `t[..]` at `ptr` (lane 0's address, which may lie outside the tensor: it is
+    /// only offset, never read) that `mask` (a `u32` of element bits, an AVX-512 mask register's
+    /// worth) selects; zero in the others. With `even`, the even elements of the `2 * lanes`
+    /// from `ptr` (a stride-2 read), `mask` then selecting elements, not lanes. Masked loads
+    /// touch no memory in their unselected elements, so elements outside the tensor are never
+    /// read. The AVX-512 variant only (128- and 256-bit masked moves are AVX-512VL).
+    fn masked_load(self, ptr: &str, mask: &str, even: bool) -> String {
+        let kind = if self.lanes == ZMM.lanes { "u16" } else { "u8" };
+        let load =
+            |m: &str, at: &str| format!("{}_maskz_loadu_ps(({m}) as {kind}, {at})", self.prefix);
+        if !even {
+            return format!("{{ let __m: u32 = {mask}; {} }}", load("__m", ptr));
+        }
+        let (lo, hi) = (
+            load("__m", "__s"),
+            load(
+                &format!("__m >> {}", self.lanes),
+                &format!("__s.wrapping_add({})", self.lanes),
+            ),
+        );
+        let gather = match self.lanes {
+            16 => format!("_mm512_permutex2var_ps({lo}, _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30), {hi})"),
+            8 => format!("{{ let __t = _mm256_shuffle_ps::<0b10_00_10_00>({lo}, {hi}); _mm256_castpd_ps(_mm256_permute4x64_pd::<0b11_01_10_00>(_mm256_castps_pd(__t))) }}"),
+            _ => format!("_mm_shuffle_ps::<0b10_00_10_00>({lo}, {hi})"),
+        };
+        format!("{{ let __m: u32 = {mask}; let __s = {ptr}; {gather} }}")
+    }
+    /// `yes` in the lanes `mask` (a `u32` of lane bits) selects, `no` in the others (AVX-512).
+    fn blend(self, mask: &str, no: &str, yes: &str) -> String {
+        let kind = if self.lanes == ZMM.lanes { "u16" } else { "u8" };
+        format!(
+            "{}_mask_blend_ps(({mask}) as {kind}, {no}, {yes})",
+            self.prefix
+        )
+    }
     fn splat(self, x: &str) -> String {
         self.op("set1", &[x])
     }
@@ -262,6 +297,17 @@ fn coefficient(e: &Expr, v: usize) -> Option<i64> {
         },
         _ if uses_var(e, v) => None,
         _ => Some(0),
+    }
+}
+
+/// The terms of a conjunction (`a && b && ..`).
+fn conjuncts<'a>(e: &'a Expr, out: &mut Vec<&'a Expr>) {
+    match e {
+        Expr::Binary(BinaryOp::And, a, b) => {
+            conjuncts(a, out);
+            conjuncts(b, out);
+        }
+        _ => out.push(e),
     }
 }
 
@@ -561,6 +607,90 @@ impl Cx<'_> {
         format!("{}.add({})", super::base_ptr(t), self.flat(t, index))
     }
 
+    /// A vector of `t[idx]` where the access is not provably in bounds (a padded input read
+    /// where the padding is inlined): lanes whose index is outside `t` are zero, as the scalar
+    /// code's checked load gives, and their memory is not touched. Only where `v{var}` moves
+    /// the last index alone, by 1 or 2, and the variant has mask registers (AVX-512).
+    fn bounded_load(&mut self, w: Width, t: TensorRef, idx: &[Expr], var: usize) -> Option<String> {
+        let g = &self.p.graph;
+        if self.variant != Variant::Avx512 || g.dtype(t) != DType::F32 {
+            return None;
+        }
+        let shape = g.shape(t).to_vec();
+        let (last, rest) = idx.split_last()?;
+        let step = coefficient(last, var)?;
+        if rest.iter().any(|e| uses_var(e, var)) || !(step == 1 || step == 2) {
+            return None;
+        }
+        let n = *shape.last()?;
+        let mut ok = vec!["true".to_string()];
+        for (e, d) in rest.iter().zip(&shape) {
+            let i = self.idx(e);
+            ok.push(format!("({i}) >= 0 && ({i}) < {d}"));
+        }
+        let r = self.idx(last);
+        // The elements the lanes read: one each, or every other of a stride-2 run.
+        let span = if step == 1 { w.used } else { 2 * w.used - 1 };
+        let mask = format!(
+            "{{ let __r: isize = {r}; let __lo = (-__r).clamp(0, {span}); let __hi = ({n} - __r).clamp(0, {span}); if {} && __lo < __hi {{ ((1u64 << __hi) - (1u64 << __lo)) as u32 }} else {{ 0u32 }} }}",
+            ok.join(" && ")
+        );
+        let ptr = format!(
+            "{}.wrapping_offset(({}) as isize)",
+            super::base_ptr(t),
+            self.flat(t, idx)
+        );
+        Some(w.masked_load(&ptr, &mask, step == 2))
+    }
+
+    /// The lanes of the chunk where `cond` holds, as a `u32` of lane bits: `cond` a
+    /// conjunction of comparisons affine in `v{var}` (a padding's bounds), or of conditions
+    /// that do not depend on it. AVX-512 only (the mask feeds a mask register).
+    fn lane_mask(&mut self, w: Width, var: usize, cond: &Expr) -> Option<String> {
+        if self.variant != Variant::Avx512 {
+            return None;
+        }
+        let mut terms = Vec::new();
+        conjuncts(cond, &mut terms);
+        let mut body = format!(
+            "let mut __lo: isize = 0; let mut __hi: isize = {}; ",
+            w.used
+        );
+        for c in terms {
+            if !uses_var(c, var) {
+                let (c, _) = self.expr(c);
+                body.push_str(&format!("if !{c} {{ __hi = 0; }} "));
+                continue;
+            }
+            let Expr::Cmp(op, a, b) = c else {
+                return None;
+            };
+            let d = Expr::Binary(BinaryOp::Sub, a.clone(), b.clone());
+            let k = coefficient(&d, var)?;
+            let d = self.idx(&d);
+            // Each comparison as `k * lane + d >= 0`.
+            let (k, d) = match op {
+                CmpOp::Ge => (k, d),
+                CmpOp::Gt => (k, format!("({d} - 1)")),
+                CmpOp::Le => (-k, format!("(-{d})")),
+                CmpOp::Lt => (-k, format!("(-{d} - 1)")),
+                CmpOp::Eq | CmpOp::Ne => return None,
+            };
+            body.push_str(&match k.cmp(&0) {
+                std::cmp::Ordering::Greater => {
+                    format!("__lo = __lo.max((-{d} + {}).div_euclid({k})); ", k - 1)
+                }
+                std::cmp::Ordering::Less => {
+                    format!("__hi = __hi.min(({d}).div_euclid({}) + 1); ", -k)
+                }
+                std::cmp::Ordering::Equal => format!("if {d} < 0 {{ __hi = 0; }} "),
+            });
+        }
+        Some(format!(
+            "{{ {body}if __lo < __hi {{ ((1u64 << __hi) - (1u64 << __lo)) as u32 }} else {{ 0u32 }} }}"
+        ))
+    }
+
     /// The coefficient of `v{var}` in the flat offset of an in-bounds `f32` access.
     fn flat_coefficient(&self, t: TensorRef, index: &[Expr], var: usize) -> Option<i64> {
         let g = &self.p.graph;
@@ -591,21 +721,34 @@ impl Cx<'_> {
             return (ty == super::Ty::Val(DType::F32)).then(|| w.splat(&s));
         }
         match e {
-            Expr::Load(t, idx) => match self.flat_coefficient(*t, idx, var)? {
-                1 => {
-                    let ptr = self.address(*t, idx);
-                    Some(w.load(&ptr))
+            Expr::Load(t, idx) if self.flat_coefficient(*t, idx, var).is_some() => {
+                match self.flat_coefficient(*t, idx, var)? {
+                    1 => {
+                        let ptr = self.address(*t, idx);
+                        Some(w.load(&ptr))
+                    }
+                    0 => {
+                        let (s, _) = self.expr(e);
+                        Some(w.splat(&s))
+                    }
+                    2 => {
+                        let ptr = self.address(*t, idx);
+                        Some(w.load_even(&ptr))
+                    }
+                    _ => None,
                 }
-                0 => {
-                    let (s, _) = self.expr(e);
-                    Some(w.splat(&s))
+            }
+            Expr::Load(t, idx) => self.bounded_load(w, *t, idx, var),
+            Expr::Select(c, a, b) => {
+                let yes = self.vector_expr(w, var, a)?;
+                let no = self.vector_expr(w, var, b)?;
+                if !uses_var(c, var) {
+                    let (c, _) = self.expr(c);
+                    return Some(format!("(if {c} {{ {yes} }} else {{ {no} }})"));
                 }
-                2 => {
-                    let ptr = self.address(*t, idx);
-                    Some(w.load_even(&ptr))
-                }
-                _ => None,
-            },
+                let mask = self.lane_mask(w, var, c)?;
+                Some(w.blend(&mask, &no, &yes))
+            }
             Expr::Binary(op, a, b) => {
                 let x = self.vector_expr(w, var, a)?;
                 let y = self.vector_expr(w, var, b)?;
@@ -789,6 +932,25 @@ mod tests {
                 "{src}"
             );
         }
+    }
+
+    #[test]
+    fn small_padded_planes_are_read_in_place_with_masked_loads_on_avx512() {
+        // 7x7 depthwise: on AVX-512 no padded copy, each tap a masked load whose lanes
+        // outside the image are zero, in one nest; AVX2 keeps the copy (no mask registers).
+        let g = w::depthwise_conv2d(1, 32, 7, 7, 3, 3, 1, 1, 1).expect("depthwise");
+        let avx512 = nest_source(&g, Variant::Avx512);
+        assert!(
+            avx512.contains("_mm256_maskz_loadu_ps(")
+                && avx512.contains("wrapping_offset(")
+                && !avx512.contains("unsafe fn nest1"),
+            "{avx512}"
+        );
+        let avx2 = nest_source(&g, Variant::Avx2);
+        assert!(!avx2.contains("wrapping_offset("), "{avx2}");
+        // 14x14 keeps its copy on AVX-512 too: there the copy won.
+        let g = w::depthwise_conv2d(1, 32, 14, 14, 3, 3, 1, 1, 1).expect("depthwise");
+        assert!(!nest_source(&g, Variant::Avx512).contains("wrapping_offset("));
     }
 
     #[test]
