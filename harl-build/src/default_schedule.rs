@@ -486,10 +486,7 @@ fn emit_plane_reduction(
         // Unrolled taps along the row: each one's masks for the padding are constants.
         let taps = if rows > 1 { last - 2 } else { last - 1 };
         if taps > block {
-            steps.push(Step::Unroll {
-                stage: s,
-                at: taps,
-            });
+            steps.push(Step::Unroll { stage: s, at: taps });
         }
     }
     if width >= 4 {
@@ -1247,6 +1244,64 @@ fn emit_simple(steps: &mut Vec<Step>, graph: &Graph, s: usize, target: &CpuTarge
             at: loops.tags.len() - 1,
         });
     }
+    if let Some(n_reduce) = contiguous_reduction(graph, s, lanes) {
+        // One reduce loop over the contiguous run, vectorised into the accumulator (a
+        // horizontal reduction per vector): a global average pool's 7x7 was two scalar loops
+        // of 7 dependent multiply-adds.
+        let first = loops.tags.len() - n_reduce;
+        for _ in 1..n_reduce {
+            steps.push(Step::Fuse {
+                stage: s,
+                at: first,
+            });
+        }
+        if first >= 1 {
+            steps.push(Step::CacheWrite {
+                stage: s,
+                at: first - 1,
+            });
+        }
+        steps.push(Step::Vectorize {
+            stage: s,
+            at: first,
+        });
+    }
+}
+
+/// The number of reduce axes of stage `s` when they are one contiguous run of what it reads:
+/// every load that uses them ends with exactly them, in order, over whole dimensions of
+/// their extents (a global pool over an image's rows and columns), two or more of them, at
+/// least a vector long together; none otherwise.
+fn contiguous_reduction(graph: &Graph, s: usize, lanes: usize) -> Option<usize> {
+    let stage = &graph.stages[s];
+    let r = stage.reduce.as_ref()?;
+    let (ns, nr) = (stage.n_spatial(), r.extents.len());
+    if ns == 0 || nr < 2 || r.extents.iter().product::<usize>() < lanes || stage.dtype != DType::F32
+    {
+        return None;
+    }
+    let mut ok = true;
+    let mut walked = false;
+    stage.body.visit(&mut |e| {
+        let Expr::Load(t, idx) = e else {
+            return;
+        };
+        if !idx.iter().any(|i| (ns..ns + nr).any(|a| uses_axis(i, a))) {
+            return;
+        }
+        walked = true;
+        let shape = graph.shape(*t);
+        let Some(lead) = idx.len().checked_sub(nr) else {
+            ok = false;
+            return;
+        };
+        ok &= idx[..lead]
+            .iter()
+            .all(|i| !(ns..ns + nr).any(|a| uses_axis(i, a)))
+            && (0..nr)
+                .all(|j| idx[lead + j] == Expr::Axis(ns + j) && shape[lead + j] == r.extents[j]);
+    });
+    (ok && walked).then_some(nr)
 }
 
 /// Which spatial axes of `stage` a select's condition tests (a padding stage's image axes).

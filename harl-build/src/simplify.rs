@@ -27,9 +27,14 @@ fn stmts(body: &mut [Stmt], extents: &[usize]) {
     }
 }
 
-/// `e` with each `x / P` and `x % P` (constant `P > 0`) that the bounds resolve replaced; loop
-/// variable `v` ranges over `0..extents[v]`.
+/// `e` with each `x / P` and `x % P` (constant `P > 0`) that the bounds resolve replaced, and
+/// each sum of `(x / P) * P` and `x % P` recombined into `x`; loop variable `v` ranges over
+/// `0..extents[v]`.
 pub fn expr(e: &Expr, extents: &[usize]) -> Expr {
+    recombine(resolve(e, extents))
+}
+
+fn resolve(e: &Expr, extents: &[usize]) -> Expr {
     e.map(&mut |node| {
         let Expr::Binary(op @ (BinaryOp::Div | BinaryOp::Rem), x, p) = &node else {
             return node;
@@ -43,6 +48,56 @@ pub fn expr(e: &Expr, extents: &[usize]) -> Expr {
             None => node,
         }
     })
+}
+
+/// Sums with `k*P * (x / P)` and `k * (x % P)` as terms have `k * x` in their place (Rust's
+/// `/` and `%` truncate together, so `(x / P) * P + x % P == x` for every `x`): a fused loop
+/// `v` binds its parts as `v / n` and `v % n`, and an index over contiguous axes recombines
+/// them into `v`, which a vector loop can walk.
+fn recombine(e: Expr) -> Expr {
+    e.map(&mut |node| {
+        if !matches!(node, Expr::Binary(BinaryOp::Add, ..)) {
+            return node;
+        }
+        let mut terms = Vec::new();
+        let Some(constant) = affine(&node, 1, &mut terms) else {
+            return node;
+        };
+        let mut changed = false;
+        while let Some((quotient, remainder, x, k)) = parts_pair(&terms) {
+            terms.remove(quotient.max(remainder));
+            terms.remove(quotient.min(remainder));
+            if atom(&x, k, &mut terms).is_none() {
+                return node;
+            }
+            changed = true;
+        }
+        if changed {
+            sum(&terms, constant)
+        } else {
+            node
+        }
+    })
+}
+
+/// Positions of a `(x / P, k*P)` and an `(x % P, k)` term, with `x` and `k`.
+fn parts_pair(terms: &[(Expr, i64)]) -> Option<(usize, usize, Expr, i64)> {
+    for (j, (r, k)) in terms.iter().enumerate() {
+        let Expr::Binary(BinaryOp::Rem, x, p) = r else {
+            continue;
+        };
+        let Some(p) = p.eval_int(&[]).filter(|&p| p > 0) else {
+            continue;
+        };
+        let quotient = terms.iter().position(|(q, c)| {
+            matches!(q, Expr::Binary(BinaryOp::Div, y, d) if y == x && d.eval_int(&[]) == Some(p))
+                && k.checked_mul(p) == Some(*c)
+        });
+        if let Some(i) = quotient {
+            return Some((i, j, (**x).clone(), *k));
+        }
+    }
+    None
 }
 
 /// `x` as `p*q + r` with `0 <= r < p` everywhere in the loops' ranges (`x >= 0` then too, so
@@ -176,6 +231,31 @@ mod tests {
         assert_eq!(q, v(0));
         let r = check_equal(&f.binary(BinaryOp::Rem, c(32)), &ext);
         assert!(!format!("{r:?}").contains("Rem"), "{r:?}");
+    }
+
+    #[test]
+    fn a_fused_loops_parts_recombine() {
+        // v in 0..49 fused from two loops of 7: ((v / 7) % 7) * 7 + (v / 1) % 7 is v, inside
+        // a larger index (a channel's offset), and with a coefficient.
+        let part = |d: i64, n: i64| v(0).binary(BinaryOp::Div, c(d)).binary(BinaryOp::Rem, c(n));
+        let index = v(1)
+            .binary(BinaryOp::Mul, c(49))
+            .binary(BinaryOp::Add, part(7, 7).binary(BinaryOp::Mul, c(7)))
+            .binary(BinaryOp::Add, part(1, 7));
+        let s = check_equal(&index, &[49, 3]);
+        assert!(
+            !format!("{s:?}").contains("Div") && !format!("{s:?}").contains("Rem"),
+            "{s:?}"
+        );
+        let twice = index.clone().binary(BinaryOp::Mul, c(2));
+        let s = check_equal(&twice, &[49, 3]);
+        assert!(!format!("{s:?}").contains("Rem"), "{s:?}");
+        // Parts of different divisors, or of a non-contiguous layout: nothing to recombine.
+        let other = part(7, 7)
+            .binary(BinaryOp::Mul, c(8))
+            .binary(BinaryOp::Add, part(1, 7));
+        let s = check_equal(&other, &[49]);
+        assert!(format!("{s:?}").contains("Rem"), "{s:?}");
     }
 
     #[test]

@@ -98,6 +98,11 @@ fn cases() -> Vec<Case> {
         // over a 6x6 plane.
         depthwise_bias_relu6(8, 7, 1),
         w::depthwise_conv2d(1, 8, 6, 6, 5, 5, 1, 2, 1).expect("depthwise 5x5"),
+        // Global pools: the 7x7 and 5x5 reduce loops fused into one vector loop whose index,
+        // `v / 7 * 7 + v % 7`, recombines into `v` (`simplify::recombine`), a horizontal
+        // reduction per vector (`default_schedule::contiguous_reduction`).
+        global_pool(24, 7, 7, harl_te::ReduceOp::Sum),
+        global_pool(9, 5, 5, harl_te::ReduceOp::Max),
     ];
     let mut out = Vec::new();
     for (gi, g) in graphs.iter().enumerate() {

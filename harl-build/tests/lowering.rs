@@ -983,3 +983,28 @@ fn small_padded_planes_read_in_place_match() {
         check(&g, &s, 5);
     }
 }
+
+/// A global pool's reduce loops are fused into one vectorised loop by default (where the run
+/// is a vector long); the schedule computes what the interpreter does.
+#[test]
+fn global_pools_fuse_their_pixels_and_match() {
+    use harl_build::target::Variant;
+    for variant in [Variant::Avx512, Variant::Avx2, Variant::Base] {
+        let target = variant.cpu_target("x86_64", 2);
+        for (h, w, op) in [
+            (7, 7, harl_te::ReduceOp::Sum),
+            (5, 5, harl_te::ReduceOp::Max),
+            (3, 3, harl_te::ReduceOp::Sum),
+        ] {
+            let g = global_pool(20, h, w, op);
+            let s = default_schedule(&g, &target);
+            let fused = s
+                .steps
+                .iter()
+                .any(|st| matches!(st, Step::Vectorize { .. }));
+            let lanes = target.vector_bytes / 4;
+            assert_eq!(fused, h * w >= lanes, "{variant:?} {h}x{w}: {:?}", s.steps);
+            check(&g, &s, 3);
+        }
+    }
+}

@@ -322,8 +322,16 @@ impl Cx<'_> {
     /// false, with nothing emitted, when the variant has no vector width for it or the body is
     /// not of the supported form.
     pub(super) fn vector_loop(&mut self, var: usize, extent: usize, body: &[Stmt]) -> bool {
-        let [stmt] = body else {
-            return false;
+        let substituted;
+        let stmt = match body {
+            [stmt] => stmt,
+            [lets @ .., stmt] if lets.iter().all(|l| matches!(l, Stmt::Let { .. })) => {
+                // A fused loop binds its parts (`v / n % m`) first: substituted and simplified,
+                // an index over contiguous axes is affine in `v` again.
+                substituted = self.without_lets(lets, stmt);
+                &substituted
+            }
+            _ => return false,
         };
         let Some(pieces) = self.pieces(var, extent, stmt) else {
             return false;
@@ -357,6 +365,41 @@ impl Cx<'_> {
             self.line("}");
         }
         true
+    }
+
+    /// `stmt` with the variables `lets` bind replaced by their values, then simplified
+    /// (`crate::simplify`: a fused loop's parts recombine where the axes are contiguous).
+    fn without_lets(&self, lets: &[Stmt], stmt: &Stmt) -> Stmt {
+        let mut bound: Vec<(usize, Expr)> = Vec::new();
+        let subst = |e: &Expr, bound: &[(usize, Expr)]| {
+            e.map(&mut |n| match n {
+                Expr::Axis(v) => bound
+                    .iter()
+                    .find(|(b, _)| *b == v)
+                    .map_or(Expr::Axis(v), |(_, value)| value.clone()),
+                other => other,
+            })
+        };
+        for l in lets {
+            if let Stmt::Let { var, value } = l {
+                let value = subst(value, &bound);
+                bound.push((*var, value));
+            }
+        }
+        let mut out = stmt.clone();
+        fn walk(s: &mut Stmt, f: &dyn Fn(&Expr) -> Expr) {
+            for e in s.exprs_mut() {
+                *e = f(e);
+            }
+            for inner in s.body_mut() {
+                walk(inner, f);
+            }
+        }
+        let extents = &self.p.var_extents;
+        walk(&mut out, &|e| {
+            crate::simplify::expr(&subst(e, &bound), extents)
+        });
+        out
     }
 
     /// Emits an accumulator block's write-back across the output's rows (a filter-major
@@ -699,13 +742,17 @@ impl Cx<'_> {
             return None;
         }
         let (index, shape) = self.p.view(t, index);
-        let mut total = 0i64;
+        let mut total = Some(0i64);
+        let mut flat = Expr::int(0);
         let mut stride = 1i64;
         for (e, &n) in index.iter().zip(shape).rev() {
-            total = total.checked_add(coefficient(e, var)?.checked_mul(stride)?)?;
+            total = total.and_then(|t| t.checked_add(coefficient(e, var)?.checked_mul(stride)?));
+            flat = flat + e.clone() * Expr::int(stride);
             stride = stride.checked_mul(i64::try_from(n).ok()?)?;
         }
-        Some(total)
+        // Per dimension, a fused loop's parts (`v / 7`, `v % 7`) are not affine; in the flat
+        // offset of contiguous dimensions they recombine into `v` (`crate::simplify`).
+        total.or_else(|| coefficient(&crate::simplify::expr(&flat, &self.p.var_extents), var))
     }
 
     /// A vector of the `f32` values of `e` at the chunk's lanes.
@@ -951,6 +998,32 @@ mod tests {
         // 14x14 keeps its copy on AVX-512 too: there the copy won.
         let g = w::depthwise_conv2d(1, 32, 14, 14, 3, 3, 1, 1, 1).expect("depthwise");
         assert!(!nest_source(&g, Variant::Avx512).contains("wrapping_offset("));
+    }
+
+    #[test]
+    fn a_global_pool_is_one_vector_loop_over_its_pixels() {
+        // Sum over [1, 64, 7, 7]'s pixels: the two 7-step loops fused, their parts
+        // recombined into a contiguous index, 16 lanes at a time (3 vectors and a scalar).
+        use harl_te::{DType, Expr, GraphBuilder, ReduceOp};
+        let mut b = GraphBuilder::new();
+        let x = b.input("x", &[1, 64, 7, 7], DType::F32);
+        let read = harl_te::load(
+            x,
+            vec![Expr::axis(0), Expr::axis(1), Expr::axis(4), Expr::axis(5)],
+        );
+        b.reduce(
+            "pool",
+            &[1, 64, 1, 1],
+            DType::F32,
+            ReduceOp::Sum,
+            &[7, 7],
+            read,
+        );
+        let g = b.finish().expect("graph");
+        let src = nest_source(&g, Variant::Avx512);
+        assert_eq!(src.matches("_mm512_reduce_add_ps").count(), 3, "{src}");
+        let avx2 = nest_source(&g, Variant::Avx2);
+        assert!(avx2.contains("_mm_add_ps(__q, _mm_movehl_ps"), "{avx2}");
     }
 
     #[test]

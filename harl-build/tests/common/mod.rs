@@ -38,6 +38,21 @@ pub fn data(graph: &Graph, seed: u64) -> Vec<Vec<f64>> {
 }
 
 /// C = A x B, plus an optional bias+relu epilogue stage.
+/// An image's global pool over its `h x w` pixels (`op` Sum: an average pool's scaled sum, as
+/// the ONNX importer writes it; Max: a global max pool).
+pub fn global_pool(c: usize, h: usize, w: usize, op: ReduceOp) -> Graph {
+    let mut b = GraphBuilder::new();
+    let x = b.input("x", &[1, c, h, w], DType::F32);
+    let ax = Expr::axis;
+    let read = load(x, [ax(0), ax(1), ax(4), ax(5)]);
+    let body = match op {
+        ReduceOp::Sum => read * Expr::f32(1.0 / (h * w) as f32),
+        _ => read,
+    };
+    b.reduce("pool", &[1, c, 1, 1], DType::F32, op, &[h, w], body);
+    b.finish().expect("valid graph")
+}
+
 pub fn matmul(m: usize, k: usize, n: usize, epilogue: bool) -> Graph {
     let mut b = GraphBuilder::new();
     let a = b.input("a", &[m, k], DType::F32);
