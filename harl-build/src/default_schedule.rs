@@ -439,7 +439,10 @@ fn widen_lanes(graph: &Graph, s: usize, lanes: usize) -> usize {
 /// innermost and vectorised, accumulated in a block of [`plane_rows`] output rows whose
 /// loop, unrolled, sits inside the reduce loops: each tap's weight then feeds that many
 /// independent accumulator chains instead of one.
-/// With `fused`, its `k` row loops are already one (loop positions past them move down).
+///
+/// With `fused`, its `k` row loops are already one (loop positions past them move down): a
+/// convolution that reads its padding in place ([`padding_read_in_place`]), whose taps along
+/// the row are then unrolled so that the padding's masks are constants.
 fn emit_plane_reduction(
     steps: &mut Vec<Step>,
     graph: &Graph,

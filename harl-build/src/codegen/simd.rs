@@ -742,17 +742,29 @@ impl Cx<'_> {
             return None;
         }
         let (index, shape) = self.p.view(t, index);
-        let mut total = Some(0i64);
-        let mut flat = Expr::int(0);
+        let mut strides = Vec::with_capacity(index.len());
         let mut stride = 1i64;
-        for (e, &n) in index.iter().zip(shape).rev() {
-            total = total.and_then(|t| t.checked_add(coefficient(e, var)?.checked_mul(stride)?));
-            flat = flat + e.clone() * Expr::int(stride);
+        for &n in shape.iter().rev() {
+            strides.push(stride);
             stride = stride.checked_mul(i64::try_from(n).ok()?)?;
         }
-        // Per dimension, a fused loop's parts (`v / 7`, `v % 7`) are not affine; in the flat
-        // offset of contiguous dimensions they recombine into `v` (`crate::simplify`).
-        total.or_else(|| coefficient(&crate::simplify::expr(&flat, &self.p.var_extents), var))
+        let per_dim = index
+            .iter()
+            .rev()
+            .zip(&strides)
+            .try_fold(0i64, |total, (e, &s)| {
+                total.checked_add(coefficient(e, var)?.checked_mul(s)?)
+            });
+        per_dim.or_else(|| {
+            // Per dimension, a fused loop's parts (`v / 7`, `v % 7`) are not affine; in the
+            // flat offset of contiguous dimensions they recombine into `v` (`crate::simplify`).
+            let flat = index
+                .iter()
+                .rev()
+                .zip(&strides)
+                .fold(Expr::int(0), |f, (e, &s)| f + e.clone() * Expr::int(s));
+            coefficient(&crate::simplify::expr(&flat, &self.p.var_extents), var)
+        })
     }
 
     /// A vector of the `f32` values of `e` at the chunk's lanes.
