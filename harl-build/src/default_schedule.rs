@@ -794,9 +794,13 @@ fn reads_of(graph: &Graph, s: usize) -> usize {
 /// Whether padding stage `p` is better read in place by its convolution (inlined: the taps
 /// read the input with masked loads, `codegen::simd`) than made as a padded copy per plane:
 /// on AVX-512 (mask registers), where the convolution is `p`'s one reader, reads it at unit
-/// stride along its rows, and its whole output plane is one accumulator block of one-vector
-/// rows. There the copy cost more than the taps: a 7x7 depthwise convolution 23 -> 14 us,
-/// while at 14x14 and up the copy won (24 vs 30 us; AMD Zen 5, 1 thread, 2026-12-07).
+/// stride along its rows (a stride-2 depthwise convolution reads its padding in phases, at
+/// unit stride), and its whole output plane is one accumulator block of one-vector rows.
+/// There the copy cost more than the taps: a 7x7 depthwise convolution 23 -> 14 us, a
+/// stride-2 one from 14x14 to 7x7 18.4 -> 13.3 (18.5 -> 13.7 in MobileNet-V2), while at 14x14
+/// outputs and up the copy won (24 vs 30 us; AMD Zen 5, 1 thread, 2026-12-07). Read from
+/// memory (`probe --cold`) the stride-2 one is 3x slower in place (84 against 27 us): its
+/// input should come from the layer before, in cache.
 fn padding_read_in_place(graph: &Graph, inlined: &[bool], p: usize, target: &CpuTarget) -> bool {
     let ps = &graph.stages[p];
     // AVX-512 is the one variant with 64-byte vectors.
@@ -816,20 +820,12 @@ fn padding_read_in_place(graph: &Graph, inlined: &[bool], p: usize, target: &Cpu
     }
     let (height, width) = (cs.shape[ns - 2], cs.shape[ns - 1]);
     let lanes = vector_lanes(target, cs.dtype);
-    // Unit stride through both reads: a strided convolution's padding in phases reads its
-    // input at stride 2 (read in place, no faster than its copy: 20 vs 19.5 us at 14x14).
     let mut unit_stride = true;
     cs.body.visit(&mut |e| {
         if let Expr::Load(TensorRef::Stage(t), idx) = e {
             if *t == p {
                 unit_stride &= idx.last().and_then(|l| l.stride(ns - 1, n_axes)) == Some(1);
             }
-        }
-    });
-    let (pn, p_axes) = (ps.n_spatial(), ps.axis_extents().len());
-    ps.body.visit(&mut |e| {
-        if let Expr::Load(_, idx) = e {
-            unit_stride &= idx.last().and_then(|l| l.stride(pn - 1, p_axes)) == Some(1);
         }
     });
     unit_stride && width <= lanes && plane_rows(height, width, lanes) == height

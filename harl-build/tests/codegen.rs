@@ -98,6 +98,9 @@ fn cases() -> Vec<Case> {
         // over a 6x6 plane.
         depthwise_bias_relu6(8, 7, 1),
         w::depthwise_conv2d(1, 8, 6, 6, 5, 5, 1, 2, 1).expect("depthwise 5x5"),
+        // Stride 2 in place: the phases' masked stride-2 reads, 7 and 5 output pixels a row.
+        w::depthwise_conv2d(1, 8, 14, 14, 3, 3, 2, 1, 1).expect("depthwise s2 in place"),
+        w::depthwise_conv2d(1, 8, 9, 9, 3, 3, 2, 1, 1).expect("depthwise s2 in place, odd"),
         // Global pools: the 7x7 and 5x5 reduce loops fused into one vector loop whose index,
         // `v / 7 * 7 + v % 7`, recombines into `v` (`simplify::recombine`), a horizontal
         // reduction per vector (`default_schedule::contiguous_reduction`).

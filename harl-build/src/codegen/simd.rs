@@ -173,6 +173,17 @@ impl Width {
         if !even {
             return format!("{{ let __m: u32 = {mask}; {} }}", load("__m", ptr));
         }
+        if self.lanes < ZMM.lanes {
+            // The `2 * lanes - 1` elements fit one 512-bit load: one load and one permute.
+            let cast = if self.lanes == YMM.lanes {
+                "_mm512_castps512_ps256"
+            } else {
+                "_mm512_castps512_ps128"
+            };
+            return format!(
+                "{{ let __m: u32 = {mask}; {cast}(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 0, 0, 0, 0, 0, 0, 0), _mm512_maskz_loadu_ps(__m as u16, {ptr}))) }}"
+            );
+        }
         let (lo, hi) = (
             load("__m", "__s"),
             load(
@@ -1010,6 +1021,15 @@ mod tests {
         // 14x14 keeps its copy on AVX-512 too: there the copy won.
         let g = w::depthwise_conv2d(1, 32, 14, 14, 3, 3, 1, 1, 1).expect("depthwise");
         assert!(!nest_source(&g, Variant::Avx512).contains("wrapping_offset("));
+        // Stride 2 to a 7x7 plane: each tap's stride-2 read is one masked 512-bit load and a
+        // permute of its even elements.
+        let g = w::depthwise_conv2d(1, 32, 14, 14, 3, 3, 2, 1, 1).expect("depthwise");
+        let src = nest_source(&g, Variant::Avx512);
+        assert!(
+            src.contains("wrapping_offset(")
+                && src.contains("_mm512_castps512_ps256(_mm512_permutexvar_ps("),
+            "{src}"
+        );
     }
 
     #[test]
