@@ -665,7 +665,16 @@ impl Cx<'_> {
     /// where the padding is inlined): lanes whose index is outside `t` are zero, as the scalar
     /// code's checked load gives, and their memory is not touched. Only where `v{var}` moves
     /// the last index alone, by 1 or 2, and the variant has mask registers (AVX-512).
-    fn bounded_load(&mut self, w: Width, t: TensorRef, idx: &[Expr], var: usize) -> Option<String> {
+    ///
+    /// With `lanes` (a lane mask, unit stride only), lanes outside it are zero too.
+    fn bounded_load(
+        &mut self,
+        w: Width,
+        t: TensorRef,
+        idx: &[Expr],
+        var: usize,
+        lanes: Option<&str>,
+    ) -> Option<String> {
         let g = &self.p.graph;
         if self.variant != Variant::Avx512 || g.dtype(t) != DType::F32 {
             return None;
@@ -673,7 +682,10 @@ impl Cx<'_> {
         let shape = g.shape(t).to_vec();
         let (last, rest) = idx.split_last()?;
         let step = coefficient(last, var)?;
-        if rest.iter().any(|e| uses_var(e, var)) || !(step == 1 || step == 2) {
+        if rest.iter().any(|e| uses_var(e, var))
+            || !(step == 1 || step == 2)
+            || (lanes.is_some() && step != 1)
+        {
             return None;
         }
         let n = *shape.last()?;
@@ -689,6 +701,7 @@ impl Cx<'_> {
             "{{ let __r: isize = {r}; let __lo = (-__r).clamp(0, {span}); let __hi = ({n} - __r).clamp(0, {span}); if {} && __lo < __hi {{ ((1u64 << __hi) - (1u64 << __lo)) as u32 }} else {{ 0u32 }} }}",
             ok.join(" && ")
         );
+        let mask = lanes.map_or(mask.clone(), |l| format!("({mask} & {l})"));
         let ptr = format!(
             "{}.wrapping_offset(({}) as isize)",
             super::base_ptr(t),
@@ -808,7 +821,7 @@ impl Cx<'_> {
                     _ => None,
                 }
             }
-            Expr::Load(t, idx) => self.bounded_load(w, *t, idx, var),
+            Expr::Load(t, idx) => self.bounded_load(w, *t, idx, var, None),
             Expr::Select(c, a, b) => {
                 let yes = self.vector_expr(w, var, a)?;
                 let no = self.vector_expr(w, var, b)?;
@@ -817,6 +830,15 @@ impl Cx<'_> {
                     return Some(format!("(if {c} {{ {yes} }} else {{ {no} }})"));
                 }
                 let mask = self.lane_mask(w, var, c)?;
+                // A padded read (`cond ? x[..] : 0`): the select's lanes join the load's mask,
+                // no blend.
+                if let (Expr::Load(t, idx), Expr::Const(zero, _)) = (&**a, &**b) {
+                    if zero.to_bits() == 0 && self.flat_coefficient(*t, idx, var).is_none() {
+                        if let Some(v) = self.bounded_load(w, *t, idx, var, Some(&mask)) {
+                            return Some(v);
+                        }
+                    }
+                }
                 Some(w.blend(&mask, &no, &yes))
             }
             Expr::Binary(op, a, b) => {
@@ -1013,7 +1035,9 @@ mod tests {
         assert!(
             avx512.contains("_mm256_maskz_loadu_ps(")
                 && avx512.contains("wrapping_offset(")
-                && !avx512.contains("unsafe fn nest1"),
+                && !avx512.contains("unsafe fn nest1")
+                // The padding's lane mask joins the load's: no blend.
+                && !avx512.contains("_mask_blend_ps("),
             "{avx512}"
         );
         let avx2 = nest_source(&g, Variant::Avx2);
