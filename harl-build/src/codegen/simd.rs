@@ -701,7 +701,10 @@ impl Cx<'_> {
             "{{ let __r: isize = {r}; let __lo = (-__r).clamp(0, {span}); let __hi = ({n} - __r).clamp(0, {span}); if {} && __lo < __hi {{ ((1u64 << __hi) - (1u64 << __lo)) as u32 }} else {{ 0u32 }} }}",
             ok.join(" && ")
         );
-        let mask = lanes.map_or(mask.clone(), |l| format!("({mask} & {l})"));
+        let mask = match lanes {
+            Some(l) => format!("({mask} & {l})"),
+            None => mask,
+        };
         let ptr = format!(
             "{}.wrapping_offset(({}) as isize)",
             super::base_ptr(t),
