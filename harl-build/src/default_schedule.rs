@@ -178,11 +178,8 @@ fn plan(
                 chain.members.pop();
                 attached[m] = true;
                 // A convolution that starts its chain has its rows fused into one loop.
-                let at = if chain.members == [r] {
-                    plane_block_loop(rs.n_spatial() + 1 - chain.k, 1)
-                } else {
-                    plane_block_loop(rs.n_spatial(), chain.k)
-                };
+                let (ns, k) = plane_loops(rs.n_spatial(), chain.k, chain.members == [r]);
+                let at = plane_block_loop(ns, k);
                 chain_epilogues.push(Step::ComputeAt {
                     stage: m,
                     target: r,
@@ -452,8 +449,8 @@ fn emit_plane_reduction(
     target: &CpuTarget,
 ) {
     let stage = &graph.stages[s];
-    let gone = if fused { k - 1 } else { 0 };
-    let (ns, k) = (stage.n_spatial() - gone, k - gone);
+    let (ns, k) = plane_loops(stage.n_spatial(), k, fused);
+    let gone = stage.n_spatial() - ns;
     let n_axes = stage.axis_extents().len() - gone;
     let order: Vec<usize> = (0..ns - 1).chain(ns..n_axes).chain([ns - 1]).collect();
     steps.push(Step::Reorder { stage: s, order });
@@ -508,6 +505,16 @@ const PLANE_ACCUMULATORS: usize = 8;
 fn plane_rows(rows: usize, width: usize, lanes: usize) -> usize {
     let vectors = width.div_ceil(lanes).max(1);
     largest_divisor_at_most(rows, PLANE_ACCUMULATORS / vectors)
+}
+
+/// A plane reduction's spatial loops and row loops (`ns` spatial axes, rows of `k`), with its
+/// rows `fused` into one loop or not.
+fn plane_loops(ns: usize, k: usize, fused: bool) -> (usize, usize) {
+    if fused {
+        (ns + 1 - k, 1)
+    } else {
+        (ns, k)
+    }
 }
 
 /// The loop of a plane reduction ([`emit_plane_reduction`]; `ns` spatial axes, rows of `k`)

@@ -234,6 +234,17 @@ impl Stmt {
         }
     }
 
+    /// Replaces every expression of this statement and of the statements in its body with
+    /// `f` of it.
+    pub fn map_exprs(&mut self, f: &dyn Fn(&Expr) -> Expr) {
+        for e in self.exprs_mut() {
+            *e = f(e);
+        }
+        for inner in self.body_mut() {
+            inner.map_exprs(f);
+        }
+    }
+
     /// The stage this statement stores into, if it stores: a write-back with an
     /// [`Epilogue`] stores its consumer.
     pub fn stored_stage(&self) -> Option<usize> {

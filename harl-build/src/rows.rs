@@ -154,19 +154,20 @@ pub(crate) fn padded_rows(graph: &Graph, inlined: &[bool], p: usize, c: usize) -
 /// [`padded_rows`] gives with the padding kept.
 pub fn inlined_padding_rows(graph: &Graph, inlined: &[bool], c: usize) -> Option<usize> {
     graph.stages.get(c)?.reduce.as_ref()?;
-    let mut padding = None;
+    let mut read = Vec::new();
     graph.stages[c].body.visit(&mut |e| {
         if let Expr::Load(TensorRef::Stage(p), _) = e {
-            let select = crate::default_schedule::has_select(&graph.stages[*p].body);
-            if inlined.get(*p).copied().unwrap_or(false) && select {
-                padding = Some(*p);
+            if inlined.get(*p).copied().unwrap_or(false) {
+                read.push(*p);
             }
         }
     });
-    let p = padding?;
-    let mut kept = inlined.to_vec();
-    kept[p] = false;
-    padded_rows(graph, &kept, p, c)
+    // `padded_rows` takes only a padding stage (one with a select).
+    read.into_iter().find_map(|p| {
+        let mut kept = inlined.to_vec();
+        kept[p] = false;
+        padded_rows(graph, &kept, p, c)
+    })
 }
 
 /// Whether stage `c` can join a chain of `members` over `rows`; `plane`: it may reduce over

@@ -6,7 +6,7 @@
 //! split as `fo*P + fi`, this makes the index `[fo, .., fi]`, contiguous in `fi`, which is what
 //! codegen's vector loops need (an index it cannot prove affine stays scalar).
 
-use crate::loop_ir::{Program, Stmt};
+use crate::loop_ir::Program;
 use harl_te::graph::interval;
 use harl_te::{BinaryOp, Expr};
 
@@ -14,16 +14,9 @@ use harl_te::{BinaryOp, Expr};
 pub fn program(p: &mut Program) {
     let extents = p.var_extents.clone();
     for nest in &mut p.nests {
-        stmts(&mut nest.body, &extents);
-    }
-}
-
-fn stmts(body: &mut [Stmt], extents: &[usize]) {
-    for s in body {
-        for e in s.exprs_mut() {
-            *e = expr(e, extents);
+        for s in &mut nest.body {
+            s.map_exprs(&|e| expr(e, &extents));
         }
-        stmts(s.body_mut(), extents);
     }
 }
 

@@ -398,18 +398,8 @@ impl Cx<'_> {
             }
         }
         let mut out = stmt.clone();
-        fn walk(s: &mut Stmt, f: &dyn Fn(&Expr) -> Expr) {
-            for e in s.exprs_mut() {
-                *e = f(e);
-            }
-            for inner in s.body_mut() {
-                walk(inner, f);
-            }
-        }
         let extents = &self.p.var_extents;
-        walk(&mut out, &|e| {
-            crate::simplify::expr(&subst(e, &bound), extents)
-        });
+        out.map_exprs(&|e| crate::simplify::expr(&subst(e, &bound), extents));
         out
     }
 
@@ -689,17 +679,18 @@ impl Cx<'_> {
             return None;
         }
         let n = *shape.last()?;
-        let mut ok = vec!["true".to_string()];
+        // The dimensions the lanes do not move: in bounds for all of them or for none.
+        let mut ok = Vec::new();
         for (e, d) in rest.iter().zip(&shape) {
             let i = self.idx(e);
-            ok.push(format!("({i}) >= 0 && ({i}) < {d}"));
+            ok.push(format!("({i}) >= 0 && ({i}) < {d} && "));
         }
         let r = self.idx(last);
         // The elements the lanes read: one each, or every other of a stride-2 run.
         let span = if step == 1 { w.used } else { 2 * w.used - 1 };
         let mask = format!(
-            "{{ let __r: isize = {r}; let __lo = (-__r).clamp(0, {span}); let __hi = ({n} - __r).clamp(0, {span}); if {} && __lo < __hi {{ ((1u64 << __hi) - (1u64 << __lo)) as u32 }} else {{ 0u32 }} }}",
-            ok.join(" && ")
+            "{{ let __r: isize = {r}; let __lo = (-__r).clamp(0, {span}); let __hi = ({n} - __r).clamp(0, {span}); if {}__lo < __hi {{ ((1u64 << __hi) - (1u64 << __lo)) as u32 }} else {{ 0u32 }} }}",
+            ok.concat()
         );
         let mask = match lanes {
             Some(l) => format!("({mask} & {l})"),
