@@ -106,6 +106,9 @@ fn cases() -> Vec<Case> {
         // reduction per vector (`default_schedule::contiguous_reduction`).
         global_pool(24, 7, 7, harl_te::ReduceOp::Sum),
         global_pool(9, 5, 5, harl_te::ReduceOp::Max),
+        // Weight panels over 1 MB: each reduction step prefetches the next panel's line
+        // (`simd::stream_prefetches`; its address may lie past the buffer's end).
+        weights(matmul(16, 512, 544, false), &[1]),
     ];
     let mut out = Vec::new();
     for (gi, g) in graphs.iter().enumerate() {
@@ -150,6 +153,9 @@ fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// Inputs with more elements than this are written as bytes, not as a literal.
+const LITERAL_MAX: usize = 4096;
+
 /// Writes a crate that runs every case and prints each output on one line.
 fn write_crate(dir: &Path, cases: &[Case], package: &str) {
     let root = workspace_root();
@@ -192,6 +198,21 @@ fn write_crate(dir: &Path, cases: &[Case], package: &str) {
         let mut args = Vec::new();
         for (j, input) in c.inputs.iter().enumerate() {
             let it = c.graph.inputs[j].dtype.rust_name();
+            if it == "f32" && input.len() > LITERAL_MAX {
+                // A large input as bytes beside the source: a literal of this size takes
+                // rustc minutes.
+                let bytes: Vec<u8> = input
+                    .iter()
+                    .flat_map(|v| (*v as f32).to_le_bytes())
+                    .collect();
+                std::fs::write(dir.join(format!("src/x{i}_{j}.bin")), bytes).expect("write input");
+                let _ = writeln!(
+                    main,
+                    "    let x{i}_{j}: Vec<f32> = include_bytes!(\"x{i}_{j}.bin\").chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();"
+                );
+                args.push(format!("&x{i}_{j}"));
+                continue;
+            }
             let vals: Vec<String> = input
                 .iter()
                 .map(|v| {

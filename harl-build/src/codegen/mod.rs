@@ -181,6 +181,7 @@ fn emit_nest(
         variant: var,
         forward: None,
         acc_len: 0,
+        loops: Vec::new(),
     };
     match nest.body.as_slice() {
         [Stmt::For {
@@ -663,6 +664,8 @@ struct Cx<'a> {
     forward: Option<usize>,
     /// The length of the accumulator block last declared.
     acc_len: usize,
+    /// The variables of the loops emitted around the current statement, outermost first.
+    loops: Vec<usize>,
 }
 
 impl Cx<'_> {
@@ -729,9 +732,19 @@ impl Cx<'_> {
             } => {
                 // The body's text does not depend on the iteration (each copy binds `v{var}`
                 // itself), so it is emitted once and copied.
+                let prefetches = if *kind == LoopKind::Serial {
+                    self.stream_prefetches(*var, *extent, body)
+                } else {
+                    Vec::new()
+                };
                 let outer = std::mem::take(&mut self.out);
                 self.depth += 1;
+                for p in &prefetches {
+                    self.line(p);
+                }
+                self.loops.push(*var);
                 self.stmts(body);
+                self.loops.pop();
                 self.depth -= 1;
                 let text = std::mem::replace(&mut self.out, outer);
                 let unroll = *kind == LoopKind::Unrolled
