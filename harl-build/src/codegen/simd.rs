@@ -346,8 +346,13 @@ fn innermost_loads(
     inner: &mut Vec<usize>,
 ) -> Option<()> {
     for s in stmts {
-        if let Stmt::For { var, kind, .. } = s {
-            if !matches!(kind, LoopKind::Unrolled | LoopKind::Vectorized) {
+        if let Stmt::For {
+            var, kind, extent, ..
+        } = s
+        {
+            // A split's extent-1 part (a 1x1 convolution's window) inside the reduction
+            // leaves it innermost; a longer loop is a loop of its own.
+            if !matches!(kind, LoopKind::Unrolled | LoopKind::Vectorized) && *extent > 1 {
                 return None;
             }
             inner.push(*var);
@@ -1052,6 +1057,13 @@ mod tests {
         assert_eq!(big.matches("_mm_prefetch").count(), 2, "{big}");
         assert!(prefetch.contains(" + 1isize)"), "{prefetch}");
         assert!(big.contains(".wrapping_add(16) as *const i8"), "{big}");
+        // ResNet-50's stage-4 downsampling 1x1 convolution (8 MB of filters): its window's
+        // extent-1 loops inside the channel loop leave that loop innermost.
+        let conv = weights_of(
+            w::conv2d(1, 1024, 14, 14, 2048, 1, 1, 2, 0, 1, 1).expect("1x1 conv, stride 2"),
+        );
+        let src = nest_source(&conv, Variant::Avx512);
+        assert!(src.contains("_mm_prefetch::<_MM_HINT_T1>"), "{src}");
         // 1 MB of panels stays in L2: no prefetch; nor without explicit vectors.
         let small = nest_source(&w::matmul(128, 512, 512).expect("matmul"), Variant::Avx512);
         assert!(!small.contains("_mm_prefetch"), "{small}");
