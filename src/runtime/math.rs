@@ -238,46 +238,104 @@ pub fn tanh_f32<const FMA: bool>(x: f32) -> f32 {
     t.copysign(x)
 }
 
+/// erf on |x| < 0.6: 2/sqrt(pi) * sum (-1)^k x^(2k+1) / (k! (2k+1)), to k = 8, the highest
+/// coefficient first (Horner's order, in x^2).
+const ERF_SMALL: [f32; 9] = [
+    1.0 / 685_440.0,
+    -1.0 / 75_600.0,
+    1.0 / 9360.0,
+    -1.0 / 1320.0,
+    1.0 / 216.0,
+    -1.0 / 42.0,
+    1.0 / 10.0,
+    -1.0 / 3.0,
+    1.0,
+];
+/// erfc's Chebyshev fit (relative error < 1.2e-7; Numerical Recipes' erfcc), in
+/// t = 1 / (1 + |x| / 2), the highest coefficient first; then `ERFC_LAST`.
+const ERFC_FIT: [f32; 9] = [
+    0.170_872_77,
+    -0.822_152_23,
+    1.488_515_9,
+    -1.135_204,
+    0.278_868_07,
+    -0.186_288_06,
+    0.096_784_18,
+    0.374_091_96,
+    1.000_023_7,
+];
+const ERFC_LAST: f32 = 1.265_512_2;
+
 /// The error function (at most 4 ulp); `FMA` as for [`exp_f32`].
 #[inline(always)]
 pub fn erf_f32<const FMA: bool>(x: f32) -> f32 {
     let z = x.abs().min(4.0);
     let z2 = z * z;
-    // |x| < 0.6: 2/sqrt(pi) * sum (-1)^k x^(2k+1) / (k! (2k+1)), to k = 8.
-    let mut p = 1.0 / 685_440.0;
-    for c in [
-        -1.0 / 75_600.0,
-        1.0 / 9360.0,
-        -1.0 / 1320.0,
-        1.0 / 216.0,
-        -1.0 / 42.0,
-        1.0 / 10.0,
-        -1.0 / 3.0,
-        1.0,
-    ] {
-        p = madd::<FMA>(z2, p, c);
+    let mut p = ERF_SMALL[0];
+    for c in &ERF_SMALL[1..] {
+        p = madd::<FMA>(z2, p, *c);
     }
     let small = z * (std::f32::consts::FRAC_2_SQRT_PI * p);
-    // Elsewhere 1 - erfc(|x|), erfc from its Chebyshev fit (relative error < 1.2e-7; Numerical
-    // Recipes' erfcc). At |x| >= 4 erfc < 2^-26, below half an ulp of 1.
+    // Elsewhere 1 - erfc(|x|). At |x| >= 4 erfc < 2^-26, below half an ulp of 1.
     let t = 1.0 / (1.0 + 0.5 * z);
-    let mut q = 0.170_872_77;
-    for c in [
-        -0.822_152_23,
-        1.488_515_9,
-        -1.135_204,
-        0.278_868_07,
-        -0.186_288_06,
-        0.096_784_18,
-        0.374_091_96,
-        1.000_023_7,
-    ] {
-        q = madd::<FMA>(t, q, c);
+    let mut q = ERFC_FIT[0];
+    for c in &ERFC_FIT[1..] {
+        q = madd::<FMA>(t, q, *c);
     }
-    let erfc = t * exp_f32::<FMA>(madd::<FMA>(t, q, -z2 - 1.265_512_2));
+    let erfc = t * exp_f32::<FMA>(madd::<FMA>(t, q, -z2 - ERFC_LAST));
     let e = if z < 0.6 { small } else { 1.0 - erfc };
     let e = if x.is_nan() { x } else { e };
     e.copysign(x)
+}
+
+/// [`erf_f32::<true>`] over the 16 lanes of an AVX-512 vector, bit for bit (its operations in
+/// its order, both sides of its selects computed). For the AVX-512 variant's explicit vector
+/// loops: GELU's write-back in BERT's FFN stored the lanes, ran the scalar function over them
+/// and loaded them back.
+///
+/// # Safety
+/// The CPU must have AVX-512F (the caller's `#[target_feature]`, or detection).
+#[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub fn erf_f32x16(x: arch::__m512) -> arch::__m512 {
+    use arch::*;
+    let sign = _mm512_set1_epi32(i32::MIN);
+    let bits = _mm512_castps_si512(x);
+    let abs = _mm512_castsi512_ps(_mm512_andnot_si512(sign, bits));
+    // As `f32::min`: a NaN lane gives 4 (the NaN is put back below).
+    let z = _mm512_min_ps(abs, _mm512_set1_ps(4.0));
+    let z2 = _mm512_mul_ps(z, z);
+    let mut p = _mm512_set1_ps(ERF_SMALL[0]);
+    for c in &ERF_SMALL[1..] {
+        p = _mm512_fmadd_ps(z2, p, _mm512_set1_ps(*c));
+    }
+    let small = _mm512_mul_ps(
+        z,
+        _mm512_mul_ps(_mm512_set1_ps(std::f32::consts::FRAC_2_SQRT_PI), p),
+    );
+    let one = _mm512_set1_ps(1.0);
+    let t = _mm512_div_ps(
+        one,
+        _mm512_add_ps(one, _mm512_mul_ps(_mm512_set1_ps(0.5), z)),
+    );
+    let mut q = _mm512_set1_ps(ERFC_FIT[0]);
+    for c in &ERFC_FIT[1..] {
+        q = _mm512_fmadd_ps(t, q, _mm512_set1_ps(*c));
+    }
+    let arg = _mm512_sub_ps(
+        _mm512_sub_ps(_mm512_setzero_ps(), z2),
+        _mm512_set1_ps(ERFC_LAST),
+    );
+    let erfc = _mm512_mul_ps(t, exp_f32x16(_mm512_fmadd_ps(t, q, arg)));
+    let near = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(z, _mm512_set1_ps(0.6));
+    let e = _mm512_mask_blend_ps(near, _mm512_sub_ps(one, erfc), small);
+    let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x);
+    let e = _mm512_mask_blend_ps(nan, e, x);
+    _mm512_castsi512_ps(_mm512_or_si512(
+        _mm512_andnot_si512(sign, _mm512_castps_si512(e)),
+        _mm512_and_si512(sign, bits),
+    ))
 }
 
 #[cfg(test)]
@@ -463,6 +521,46 @@ mod tests {
                 _mm512_storeu_ps(got.as_mut_ptr(), exp_f32x16(_mm512_loadu_ps(x16.as_ptr())));
             }
             assert_scalar_exp(&x16, &got);
+        }
+    }
+
+    /// The AVX-512 erf against the scalar one, bit for bit.
+    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+    #[test]
+    fn the_avx512_erf_is_the_scalar_erf_bit_for_bit() {
+        use super::arch::*;
+        if !is_x86_feature_detected!("avx512f") {
+            eprintln!("this CPU has no AVX-512F: erf_f32x16 cannot run here");
+            return;
+        }
+        let mut xs: Vec<f32> = sweep(f32::MIN, f32::MAX, STEP)
+            .chain(sweep(-5.0, 5.0, 7))
+            .collect();
+        xs.extend([
+            f32::NAN,
+            -f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            0.0,
+            -0.0,
+            0.6,
+            -0.6,
+            4.0,
+        ]);
+        xs.resize(xs.len().next_multiple_of(16), 1.0);
+        for x16 in xs.chunks_exact(16) {
+            let mut got = [0.0f32; 16];
+            // SAFETY: AVX-512F was detected above; loads and stores of 16 floats.
+            unsafe {
+                _mm512_storeu_ps(got.as_mut_ptr(), erf_f32x16(_mm512_loadu_ps(x16.as_ptr())));
+            }
+            for (x, g) in x16.iter().zip(got) {
+                let want = erf_f32::<true>(*x);
+                assert!(
+                    g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()),
+                    "erf({x:e}): {g:e} against {want:e}"
+                );
+            }
         }
     }
 
