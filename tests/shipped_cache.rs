@@ -1,7 +1,7 @@
 //! The shipped tuning cache (`tuning-cache/`): every record is a task of a shipped network
 //! (`tuning-cache/networks/*.json`, the tasks `harl-bench e2e` lists), parses without a warning,
-//! replays (its schedule lowers on the task's graph), is the only record of its workload and
-//! machine class, and, on the tasks small enough to interpret here, computes what the reference
+//! replays (its schedule lowers on the task's graph), is the only record of its workload,
+//! machine class and CPU, and, on the tasks small enough to interpret here, computes what the reference
 //! interpreter computes.
 
 use harl_build::cache::TuningCache;
@@ -85,9 +85,16 @@ fn every_shipped_record_replays_on_its_task() {
             let (what, graph) = tasks
                 .get(&r.workload_key)
                 .unwrap_or_else(|| panic!("{class}: record {} is no listed task", r.workload));
+            // One record a task per CPU it was measured on: a build prefers its own CPU's
+            // (`cache::best_first`), so records of several CPUs of a class can ship together.
             assert!(
-                seen.insert(r.workload_key.clone()),
-                "{class}: two records of {what}"
+                seen.insert((
+                    r.workload_key.clone(),
+                    r.target.cpu_model.clone(),
+                    r.target.cores
+                )),
+                "{class}: two records of {what} measured on {}",
+                r.target.cpu_model
             );
             let program = lower(graph, &r.schedule)
                 .unwrap_or_else(|e| panic!("{class}: {what}'s record does not replay: {e}"));
