@@ -466,6 +466,12 @@ mod tests {
             -0.0,
             f32::MIN_POSITIVE,
         ]);
+        in_lanes(&xs, lanes)
+    }
+
+    /// `xs` in chunks of `lanes`, in order and interleaved (a leftover short of a chunk is
+    /// dropped from each).
+    fn in_lanes(xs: &[f32], lanes: usize) -> Vec<Vec<f32>> {
         let stride = xs.len() / lanes + 1;
         let interleaved: Vec<f32> = (0..stride)
             .flat_map(|i| xs.iter().skip(i).step_by(stride).copied())
@@ -476,13 +482,38 @@ mod tests {
             .collect()
     }
 
-    fn assert_scalar_exp(xs: &[f32], got: &[f32]) {
+    /// Every lane of `got` is `scalar` of its input, bit for bit (any NaN for a NaN).
+    fn assert_bitwise(name: &str, scalar: fn(f32) -> f32, xs: &[f32], got: &[f32]) {
         for (x, g) in xs.iter().zip(got) {
-            let want = exp_f32::<true>(*x);
+            let want = scalar(*x);
             assert!(
                 g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()),
-                "exp({x:e}): {g:e} against {want:e}"
+                "{name}({x:e}): {g:e} against {want:e}"
             );
+        }
+    }
+
+    /// `f` over each 16 inputs against `scalar`, bit for bit, where the CPU has AVX-512F (a
+    /// message where it has not).
+    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+    fn check_avx512(
+        name: &str,
+        f: unsafe fn(super::arch::__m512) -> super::arch::__m512,
+        scalar: fn(f32) -> f32,
+        inputs: &[Vec<f32>],
+    ) {
+        use super::arch::*;
+        if !is_x86_feature_detected!("avx512f") {
+            eprintln!("this CPU has no AVX-512F: {name}_f32x16 cannot run here");
+            return;
+        }
+        for x16 in inputs {
+            let mut got = [0.0f32; 16];
+            // SAFETY: AVX-512F was detected above; `in_lanes` chunks hold 16 floats.
+            unsafe {
+                _mm512_storeu_ps(got.as_mut_ptr(), f(_mm512_loadu_ps(x16.as_ptr())));
+            }
+            assert_bitwise(name, scalar, x16, &got);
         }
     }
 
@@ -501,7 +532,7 @@ mod tests {
             unsafe {
                 _mm256_storeu_ps(got.as_mut_ptr(), exp_f32x8(_mm256_loadu_ps(x8.as_ptr())));
             }
-            assert_scalar_exp(&x8, &got);
+            assert_bitwise("exp", exp_f32::<true>, &x8, &got);
         }
     }
 
@@ -509,30 +540,13 @@ mod tests {
     #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
     #[test]
     fn the_avx512_exp_is_the_scalar_exp_bit_for_bit() {
-        use super::arch::*;
-        if !is_x86_feature_detected!("avx512f") {
-            eprintln!("this CPU has no AVX-512F: exp_f32x16 cannot run here");
-            return;
-        }
-        for x16 in exp_lanes(16) {
-            let mut got = [0.0f32; 16];
-            // SAFETY: AVX-512F was detected above; loads and stores of 16 floats.
-            unsafe {
-                _mm512_storeu_ps(got.as_mut_ptr(), exp_f32x16(_mm512_loadu_ps(x16.as_ptr())));
-            }
-            assert_scalar_exp(&x16, &got);
-        }
+        check_avx512("exp", exp_f32x16, exp_f32::<true>, &exp_lanes(16));
     }
 
     /// The AVX-512 erf against the scalar one, bit for bit.
     #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
     #[test]
     fn the_avx512_erf_is_the_scalar_erf_bit_for_bit() {
-        use super::arch::*;
-        if !is_x86_feature_detected!("avx512f") {
-            eprintln!("this CPU has no AVX-512F: erf_f32x16 cannot run here");
-            return;
-        }
         let mut xs: Vec<f32> = sweep(f32::MIN, f32::MAX, STEP)
             .chain(sweep(-5.0, 5.0, 7))
             .collect();
@@ -547,21 +561,7 @@ mod tests {
             -0.6,
             4.0,
         ]);
-        xs.resize(xs.len().next_multiple_of(16), 1.0);
-        for x16 in xs.chunks_exact(16) {
-            let mut got = [0.0f32; 16];
-            // SAFETY: AVX-512F was detected above; loads and stores of 16 floats.
-            unsafe {
-                _mm512_storeu_ps(got.as_mut_ptr(), erf_f32x16(_mm512_loadu_ps(x16.as_ptr())));
-            }
-            for (x, g) in x16.iter().zip(got) {
-                let want = erf_f32::<true>(*x);
-                assert!(
-                    g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()),
-                    "erf({x:e}): {g:e} against {want:e}"
-                );
-            }
-        }
+        check_avx512("erf", erf_f32x16, erf_f32::<true>, &in_lanes(&xs, 16));
     }
 
     #[test]

@@ -443,13 +443,14 @@ impl Cx<'_> {
         if innermost_loads(body, &mut loads, &mut inner).is_none() {
             return Vec::new();
         }
+        // f32 elements in a 64-byte cache line.
+        let line_elems = 16;
         let mut seen: Vec<TensorRef> = Vec::new();
         let mut out = Vec::new();
         for (t, index) in loads {
             if seen.contains(&t) || self.buffer_bytes(t) <= PREFETCH_MIN_BYTES {
                 continue;
             }
-            let line_elems = 64 / 4;
             let Some(step) = self.flat_coefficient(t, &index, var) else {
                 continue;
             };
