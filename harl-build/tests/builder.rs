@@ -70,6 +70,62 @@ fn a_valid_record_is_used_and_off_ignores_it() {
     assert_eq!(r.kernels[0].source, ScheduleSource::Default);
 }
 
+/// A record whose tune the default won sends the build to this harl's default schedule: the
+/// kernel's code is the empty cache's, whatever (older) schedule the record holds, and the
+/// record still counts as this target's, so a build does not tune the kernel again.
+#[test]
+fn a_record_the_default_won_builds_todays_default() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cache = dir.path().join("cache");
+    let plain = build(
+        &dir.path().join("empty"),
+        &dir.path().join("out0"),
+        TuneMode::Cache,
+    );
+    assert_eq!(plain.kernels[0].source, ScheduleSource::Default);
+    // An older default: a valid schedule unlike today's.
+    let old_default = Schedule {
+        steps: vec![Step::Split {
+            stage: 0,
+            at: 1,
+            factors: vec![4],
+        }],
+    };
+    TuningCache::new(&cache)
+        .append(&record(old_default.clone()).with_default_won(true))
+        .expect("append");
+    let r = build(&cache, &dir.path().join("out1"), TuneMode::Cache);
+    assert!(
+        matches!(
+            r.kernels[0].source,
+            ScheduleSource::CacheExact {
+                default_won: true,
+                ..
+            }
+        ),
+        "{:?}",
+        r.kernels[0].source
+    );
+    assert!(r.warnings.is_empty(), "{:?}", r.warnings);
+    let module = |out: &str| {
+        let code = std::fs::read_to_string(dir.path().join(out).join("harl/kernels.rs"))
+            .expect("generated");
+        // The kernels' code, without the schedule-source strings that name the cache.
+        code.lines()
+            .filter(|l| !l.contains("tuning cache") && !l.contains("default schedule"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    assert_eq!(module("out1"), module("out0"));
+    // The same schedule without the mark is replayed as recorded: other code.
+    let cache2 = dir.path().join("cache2");
+    TuningCache::new(&cache2)
+        .append(&record(old_default))
+        .expect("append");
+    build(&cache2, &dir.path().join("out2"), TuneMode::Cache);
+    assert_ne!(module("out2"), module("out0"));
+}
+
 #[test]
 fn corrupt_future_and_invalid_records_warn_and_fall_back() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -467,15 +467,18 @@ pub fn tune_kernels(
         if let Some(d) = medians[0] {
             outcome.default_latency_s = Some(d);
         }
+        // The default is first: on a tie it wins, as nothing beat it.
         let chosen = schedules
             .into_iter()
             .zip(medians)
-            .filter_map(|(s, m)| m.map(|m| (s, m)))
-            .min_by(|a, b| a.1.total_cmp(&b.1));
+            .enumerate()
+            .filter_map(|(i, (s, m))| m.map(|m| (i, s, m)))
+            .min_by(|a, b| a.2.total_cmp(&b.2));
         match chosen {
-            Some((schedule, latency)) => {
+            Some((i, schedule, latency)) => {
                 outcome.latency_s = Some(latency);
-                record(manifest, kernel, schedule, latency, outcome);
+                let r = new_record(manifest, kernel, schedule, latency, outcome.trials);
+                record(manifest, r.with_default_won(i == 0), outcome);
             }
             None => {
                 outcome.note =
@@ -497,23 +500,27 @@ pub fn tune_kernels(
     outcomes
 }
 
-/// Appends the kernel's record to the crate's cache (or, if that is read-only, to the build's
-/// local cache), noting where it went.
-fn record(
+/// The record of `kernel`'s winner on the manifest's target.
+fn new_record(
     manifest: &Manifest,
     kernel: &ManifestKernel,
     schedule: Schedule,
     latency: f64,
-    outcome: &mut TuneOutcome,
-) {
-    let record = Record::new(
+    trials: usize,
+) -> Record {
+    Record::new(
         kernel.workload_key.clone(),
         &kernel.name,
         manifest.target.clone(),
         schedule,
         latency,
-        outcome.trials as u64,
-    );
+        trials as u64,
+    )
+}
+
+/// Appends the kernel's record to the crate's cache (or, if that is read-only, to the build's
+/// local cache), noting where it went.
+fn record(manifest: &Manifest, record: Record, outcome: &mut TuneOutcome) {
     match TuningCache::new(&manifest.cache_dir).append(&record) {
         Ok(path) => outcome.recorded_in = Some(path),
         // A read-only cache (a vendored crate, a locked-down CI checkout): keep the record in
@@ -1006,6 +1013,55 @@ mod tests {
         }
         for k in &kernels {
             assert!(has_exact_record(&m, k), "{} has no record", k.name);
+        }
+    }
+
+    /// Times the default schedule at 1 ms and every other at 2 ms, or the other way round.
+    struct DefaultIs {
+        fastest: bool,
+    }
+
+    impl Measure for DefaultIs {
+        fn measure(&mut self, graph: &Graph, schedules: &[Schedule]) -> Vec<Result<f64, String>> {
+            let default = default_schedule(graph, &Variant::Avx512.cpu_target("x86_64", 1));
+            schedules
+                .iter()
+                .map(|s| {
+                    Ok(if (*s == default) == self.fastest {
+                        1e-3
+                    } else {
+                        2e-3
+                    })
+                })
+                .collect()
+        }
+    }
+
+    #[test]
+    fn a_record_says_whether_the_default_won_its_tune() {
+        for fastest in [true, false] {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let m = manifest(dir.path());
+            let kernels = select(&m, &options("round-robin")).expect("select");
+            let cpu = Variant::Avx512.cpu_target("x86_64", 1);
+            let mut model = XgbModel::with_seed(0);
+            let outcomes = tune_kernels(
+                &m,
+                &kernels,
+                &cpu,
+                &options("round-robin"),
+                &mut model,
+                &mut DefaultIs { fastest },
+                &mut Silent,
+            );
+            let (records, warnings) = TuningCache::new(&m.cache_dir).records(&m.target.isa_class);
+            assert!(warnings.is_empty(), "{warnings:?}");
+            assert_eq!(records.len(), outcomes.len());
+            for r in &records {
+                assert_eq!(r.default_won, fastest, "{}", r.workload);
+                // The fastest schedule is shipped either way.
+                assert_eq!(r.latency_s, 1e-3, "{}", r.workload);
+            }
         }
     }
 

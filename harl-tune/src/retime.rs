@@ -112,9 +112,15 @@ pub fn candidates(manifest: &Manifest) -> (Vec<Retimed>, Vec<String>) {
                 break;
             }
             let duplicate = kept.iter().any(|k| k.schedule == r.schedule);
-            if !duplicate && lower(&kernel.graph, &r.schedule).is_ok() {
-                kept.push(r.clone());
+            if duplicate || lower(&kernel.graph, &r.schedule).is_err() {
+                continue;
             }
+            // A build stops at a record whose tune the default won and uses its own default:
+            // nothing from there on is ever picked, and the default needs no judging.
+            if r.default_won {
+                break;
+            }
+            kept.push(r.clone());
         }
         if !kept.is_empty() {
             out.push(Retimed {
@@ -254,7 +260,38 @@ mod tests {
             latency_s: s,
             trials: 64,
             harl_version: "0".into(),
+            default_won: false,
         }
+    }
+
+    /// A build stops at a record whose tune the default won and uses its default: the records
+    /// before it are timed, none after it.
+    #[test]
+    fn records_after_one_the_default_won_are_not_timed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let graph = workloads::matmul(32, 32, 32).expect("matmul");
+        let m = manifest(dir.path(), &graph);
+        let schedule = |step: Step| Schedule { steps: vec![step] };
+        let parallel = schedule(Step::Parallel { stage: 0, at: 0 });
+        let unroll = schedule(Step::Unroll { stage: 0, at: 1 });
+        let reorder = schedule(Step::Reorder {
+            stage: 0,
+            order: vec![1, 0, 2],
+        });
+        let file = TuningCache::new(&m.cache_dir).path_for(&m.target.isa_class);
+        std::fs::create_dir_all(&m.cache_dir).expect("mkdir");
+        let records = [
+            record(&graph, m.target.clone(), unroll, 3e-3),
+            record(&graph, m.target.clone(), reorder, 2e-3).with_default_won(true),
+            record(&graph, m.target.clone(), parallel.clone(), 1e-3),
+        ];
+        harl_build::cache::write_records(&file, &records).expect("write");
+        let (work, _) = candidates(&m);
+        let timed: Vec<&Schedule> = work[0].records.iter().map(|r| &r.schedule).collect();
+        assert_eq!(timed, [&parallel]);
+        // With the default's record the fastest, nothing is left to time.
+        harl_build::cache::write_records(&file, &records[..2]).expect("write");
+        assert!(candidates(&m).0.is_empty());
     }
 
     #[test]

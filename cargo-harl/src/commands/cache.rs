@@ -180,7 +180,7 @@ fn list(files: &[PathBuf]) -> Result<ExitCode, CacheToolError> {
         for (line, parsed) in &file.lines {
             let text = match parsed {
                 Ok(r) => format!(
-                    "{}  {}  {}  {} ({})  {:.4} ms  {} trials  {} steps  harl {}",
+                    "{}  {}  {}  {} ({})  {:.4} ms  {} trials  {}  harl {}",
                     file.at(*line),
                     r.workload,
                     r.workload_key.get(..16).unwrap_or(&r.workload_key),
@@ -188,7 +188,11 @@ fn list(files: &[PathBuf]) -> Result<ExitCode, CacheToolError> {
                     r.target.cpu_model,
                     r.latency_s * 1e3,
                     r.trials,
-                    r.schedule.steps.len(),
+                    if r.default_won {
+                        "default won".to_string()
+                    } else {
+                        format!("{} steps", r.schedule.steps.len())
+                    },
                     r.harl_version
                 ),
                 Err(e) => format!("{}  not a record: {e}", file.at(*line)),

@@ -103,11 +103,16 @@ pub enum ScheduleSource {
     CacheExact {
         /// Measured latency of the record.
         latency_s: f64,
+        /// The record says the default won its tune, so this harl's default schedule is
+        /// used ([`crate::cache::Record::default_won`]).
+        default_won: bool,
     },
     /// A cache record from a CPU of the same ISA class.
     CacheCompatible {
         /// Measured latency of the record.
         latency_s: f64,
+        /// As for [`ScheduleSource::CacheExact`].
+        default_won: bool,
     },
     /// Tuned by this build (`HARL_TUNE=on`) and appended to the cache.
     Tuned {
@@ -122,14 +127,22 @@ impl std::fmt::Display for ScheduleSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ScheduleSource::Default => write!(f, "default schedule"),
-            ScheduleSource::CacheExact { latency_s } => {
-                write!(f, "tuning cache, exact target (recorded {latency_s:.3e} s)")
+            ScheduleSource::CacheExact {
+                latency_s,
+                default_won,
+            } => {
+                write!(f, "tuning cache, exact target (recorded {latency_s:.3e} s")?;
+                default_won_note(f, *default_won)
             }
-            ScheduleSource::CacheCompatible { latency_s } => {
+            ScheduleSource::CacheCompatible {
+                latency_s,
+                default_won,
+            } => {
                 write!(
                     f,
-                    "tuning cache, same ISA class (recorded {latency_s:.3e} s)"
-                )
+                    "tuning cache, same ISA class (recorded {latency_s:.3e} s"
+                )?;
+                default_won_note(f, *default_won)
             }
             ScheduleSource::Tuned { latency_s, trials } => {
                 write!(
@@ -138,6 +151,18 @@ impl std::fmt::Display for ScheduleSource {
                 )
             }
         }
+    }
+}
+
+/// Closes a cache source's parenthesis, saying when the record sent the build to its default.
+fn default_won_note(f: &mut std::fmt::Formatter<'_>, default_won: bool) -> std::fmt::Result {
+    if default_won {
+        write!(
+            f,
+            "; the default won that tune, so this harl's default schedule)"
+        )
+    } else {
+        write!(f, ")")
     }
 }
 

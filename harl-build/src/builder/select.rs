@@ -63,7 +63,14 @@ impl Builder {
                 }
             }
             let (lowered, source) = match picked {
-                Some(p) => (Ok(p.program), p.source),
+                Some(Picked {
+                    program: Some(program),
+                    source,
+                }) => (Ok(program), source),
+                Some(Picked {
+                    program: None,
+                    source,
+                }) => (lower(graph, &default_schedule(graph, &cpu)), source),
                 None => (
                     lower(graph, &default_schedule(graph, &cpu)),
                     ScheduleSource::Default,
@@ -164,17 +171,21 @@ impl Builder {
             }
         }
         let r = lookup.record?;
+        let (latency_s, default_won) = (r.latency_s, r.default_won);
         let source = match lookup.source {
             LookupSource::Exact => ScheduleSource::CacheExact {
-                latency_s: r.latency_s,
+                latency_s,
+                default_won,
             },
             _ => ScheduleSource::CacheCompatible {
-                latency_s: r.latency_s,
+                latency_s,
+                default_won,
             },
         };
+        let program = program?;
         Some(Picked {
             source,
-            program: program?,
+            program: (!default_won).then_some(program),
         })
     }
 }
@@ -191,8 +202,9 @@ fn keep_program<'a>(
     }
 }
 
-/// A schedule taken from the cache, with its program (lowered once, when it was validated).
+/// A schedule taken from the cache, with its program (lowered once, when it was validated);
+/// no program where the record sends the build to its own default schedule.
 pub(super) struct Picked {
     pub(super) source: ScheduleSource,
-    pub(super) program: Program,
+    pub(super) program: Option<Program>,
 }

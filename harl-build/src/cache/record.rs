@@ -30,6 +30,13 @@ pub struct Record {
     pub trials: u64,
     /// The harl version that wrote the record.
     pub harl_version: String,
+    /// The tune found nothing faster than the default schedule of its harl (`schedule` is that
+    /// default). A build then uses its own harl's default, so that a record does not pin an
+    /// older, weaker default in place once the heuristics improve; the record still says the
+    /// workload was tuned on its target. Absent (false) in older records, which keep their
+    /// schedule.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub default_won: bool,
 }
 
 impl Record {
@@ -51,7 +58,14 @@ impl Record {
             latency_s,
             trials,
             harl_version: env!("CARGO_PKG_VERSION").to_string(),
+            default_won: false,
         }
+    }
+
+    /// This record marked as the default schedule's (see [`Record::default_won`]).
+    pub fn with_default_won(mut self, won: bool) -> Self {
+        self.default_won = won;
+        self
     }
 }
 
@@ -113,5 +127,34 @@ pub(crate) fn check_latency(latency_s: f64) -> Result<(), String> {
         Err(format!(
             "latency_s {latency_s} is not a finite positive number"
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record() -> Record {
+        Record::new(
+            "k",
+            "w",
+            TargetFingerprint::host(),
+            Schedule::default(),
+            1e-3,
+            8,
+        )
+    }
+
+    #[test]
+    fn the_default_won_mark_round_trips_and_is_absent_from_older_lines() {
+        let plain = serde_json::to_string(&record()).expect("serialize");
+        // Unmarked records are written as before, so older harls read them unchanged.
+        assert!(!plain.contains("default_won"), "{plain}");
+        assert!(!parse_record(plain.as_bytes()).expect("parse").default_won);
+        let marked = serde_json::to_string(&record().with_default_won(true)).expect("serialize");
+        assert!(marked.contains("\"default_won\":true"), "{marked}");
+        assert!(parse_record(marked.as_bytes()).expect("parse").default_won);
+        let wrong = marked.replace("\"default_won\":true", "\"default_won\":\"yes\"");
+        assert!(parse_record(wrong.as_bytes()).is_err());
     }
 }
