@@ -161,8 +161,9 @@ pub enum Stmt {
         body: Vec<Stmt>,
     },
     /// `stage[dest] = acc[index]` (or combined with the stored value); with an
-    /// [`Epilogue`], the consumer's value computed from `acc[index]` is stored instead, and
-    /// `stage` itself is never stored.
+    /// [`Epilogue`], the consumer's value computed from `acc[index]` (or from it combined
+    /// with the stored value: the last block of a split reduction) is stored instead, and
+    /// `stage` itself is not stored.
     AccStore {
         /// Flat index into the block.
         index: Expr,
@@ -172,7 +173,7 @@ pub enum Stmt {
         dest: Vec<Expr>,
         /// Combine with the stored value (reduce loops outside the block).
         combine: Option<ReduceOp>,
-        /// An elementwise consumer fused into the write-back (`combine` is then `None`).
+        /// An elementwise consumer fused into the write-back.
         epilogue: Option<Epilogue>,
     },
 }
@@ -374,9 +375,6 @@ pub enum ExecError {
     /// A read of a staged input fell outside its shared-memory box.
     #[error("input {0} was read outside its shared-memory box")]
     OutsideShared(usize),
-    /// A write-back both combines with the stored value and feeds an epilogue.
-    #[error("stage {0}'s write-back combines and feeds an epilogue")]
-    CombinedEpilogue(usize),
 }
 
 /// Runs a program on inputs, returning the output (last stage) buffer.
@@ -501,10 +499,19 @@ impl Machine<'_> {
                         .and_then(|b| b.get(i))
                         .ok_or(ExecError::OutOfBounds(*stage))?;
                     if let Some(e) = epilogue {
-                        if combine.is_some() {
-                            return Err(ExecError::CombinedEpilogue(*stage));
-                        }
-                        // The accumulator's value, rounded as a store to the stage would.
+                        // The stage's value (the stored partial sums combined with the
+                        // accumulator's, for the last block of a split reduction), rounded as
+                        // a store to the stage would.
+                        let v = match combine {
+                            Some(op) => {
+                                let flat = self.flat(TensorRef::Stage(*stage), dest)?;
+                                let stored = *self.bufs[*stage]
+                                    .get(flat)
+                                    .ok_or(ExecError::OutOfBounds(*stage))?;
+                                combine_op(*op, stored, v)
+                            }
+                            None => v,
+                        };
                         self.forward =
                             Some((*stage, round_to(v, self.p.graph.stages[*stage].dtype)));
                         let value = self.val(&e.value);

@@ -12,11 +12,12 @@ use crate::limits::{
 use crate::loop_ir::{LoopKind, Nest, Program, SharedBox, Stmt};
 use crate::schedule::{Schedule, Step};
 use crate::shared_read::{bound_vars, footprint, MAX_SHARED_BYTES};
-use harl_te::{BinaryOp, Expr, Graph, ReduceOp, TensorRef};
+use harl_te::{BinaryOp, CmpOp, Expr, Graph, ReduceOp, TensorRef};
 use std::collections::{HashMap, HashSet};
 
 /// Largest accumulator block (elements) a cache-write step may ask for; keeps it on the stack.
 pub const MAX_ACC_ELEMS: usize = 4096;
+
 /// Largest loop a step may mark unrolled or vectorised.
 pub const MAX_UNROLL: usize = 512;
 /// Most threads a GPU block may have (every CUDA device since compute capability 2.0).
@@ -144,10 +145,10 @@ impl StageState {
         }
     }
 
-    /// Whether a reduce loop encloses the accumulator at `pos`: then the output is pre-filled
-    /// and the accumulator added into it. A reduce loop of extent 1 counts too: skipping the
-    /// fill there (a plain store of whole sums) measured slower, conv2d 56x56 64->64 at 72
-    /// against 98 GFLOP/s on one core (`harl-bench probe --workload conv2d_56`).
+    /// Whether a reduce loop encloses the accumulator at `pos`: then the write-back of each
+    /// block combines with the partial sums stored by the earlier ones (the first block
+    /// stores, [`Lowering::stores_first_block`]; else the output is pre-filled with the
+    /// reduction's identity).
     fn reduces_outside(&self, pos: usize) -> bool {
         self.loops[..=pos].iter().any(|l| l.reduce)
     }
@@ -199,8 +200,21 @@ struct Lowering {
     /// Stages the schedule has added so far (rfactor, cache_read).
     added: usize,
     /// Per stage: the epilogue computed in its write-back, straight from its accumulator
-    /// ([`Lowering::forwarded_epilogue`]); the stage then has no buffer.
-    forward: Vec<Option<usize>>,
+    /// ([`Lowering::forwarded_epilogue`]); the stage then has no buffer, unless its
+    /// reduction is split around the accumulator block (`Forward::partials`).
+    forward: Vec<Option<Forward>>,
+    /// While emitting a nest: the reduce loops entered so far, as (stage, variable, extent).
+    reduce_loops: Vec<(usize, usize, usize)>,
+}
+
+/// A consumer computed in a stage's write-back ([`Lowering::forwarded_epilogue`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Forward {
+    /// The consumer stage.
+    consumer: usize,
+    /// The reduction has loops outside the accumulator block: the stage keeps a buffer of
+    /// partial sums, and the consumer is computed in the last reduction block's write-back.
+    partials: bool,
 }
 
 /// The indices at which `body` reads stage `s`.
@@ -264,6 +278,7 @@ pub fn lower(graph: &Graph, schedule: &Schedule) -> Result<Program, ScheduleErro
         shared_bytes: 0,
         added: 0,
         forward: vec![],
+        reduce_loops: vec![],
     };
     for (index, step) in schedule.steps.iter().enumerate() {
         lw.apply(index, step).map_err(|why| ScheduleError::Step {
@@ -1353,35 +1368,54 @@ impl Lowering {
     }
 
     /// The consumer of stage `s` that its write-back can compute directly from the
-    /// accumulator: attached (`compute_at`) at the accumulator's own loop, where the block
-    /// holds whole reductions (no reduce loop outside it), on the CPU, and the only reader
-    /// of `s` (every read at `s`'s own index, which `check_attachments` ensured).
-    fn forwarded_epilogue(&self, s: usize) -> Option<usize> {
+    /// accumulator, on the CPU, when it is the only reader of `s` (every read at `s`'s own
+    /// index, which `check_attachments` ensured) and attached (`compute_at`) either at the
+    /// accumulator's own loop, where the block holds whole reductions, or, where reduce loops
+    /// are outside the block (a split reduction: `s` keeps its partial sums in memory),
+    /// outside all of them: it is then computed in the last reduction block's write-back
+    /// rather than in a pass of its own over `s` (BERT's FFN layer: its GELU no longer reads
+    /// the 128 x 3072 partial sums back from L2).
+    fn forwarded_epilogue(&self, s: usize) -> Option<Forward> {
         let st = &self.stages[s];
         let pos = st.cache_write?;
         let placed = matches!(st.attach, Attach::Root | Attach::Within { .. });
-        if !placed || st.reduces_outside(pos) {
+        if !placed || st.loops.iter().any(|l| l.kind.is_gpu()) {
             return None;
         }
-        let consumers: Vec<usize> = self
-            .attached
-            .get(&(s, pos))?
-            .iter()
+        let partials = st.reduces_outside(pos);
+        let levels = if partials {
+            0..st.loops[..=pos].iter().position(|l| l.reduce)?
+        } else {
+            pos..pos + 1
+        };
+        let consumers: Vec<usize> = levels
+            .filter_map(|a| self.attached.get(&(s, a)))
+            .flatten()
             .copied()
             .filter(|&c| !matches!(self.stages[c].attach, Attach::Packed { .. }))
             .collect();
         let [c] = consumers.as_slice() else {
             return None;
         };
-        if st.loops.iter().any(|l| l.kind.is_gpu())
-            || !matches!(self.stages[*c].attach, Attach::At { .. })
+        if !matches!(self.stages[*c].attach, Attach::At { .. }) {
+            return None;
+        }
+        // Computed at every element of `s`, once: the consumer covers exactly `s`'s elements,
+        // and nothing is placed in its own loops, which are not emitted.
+        if partials
+            && (self.graph.stages[*c].shape != self.graph.stages[s].shape
+                || self.attached.keys().any(|&(t, _)| t == *c)
+                || !self.stores_first_block(s))
         {
             return None;
         }
         let others = (0..self.graph.stages.len())
             .filter(|&x| x != *c && self.stages[x].attach != Attach::Inline)
             .any(|x| !stage_reads(&self.graph.stages[x].body, s).is_empty());
-        (!others).then_some(*c)
+        (!others).then_some(Forward {
+            consumer: *c,
+            partials,
+        })
     }
 
     /// [`Program::fold`]: the stages of each row chain (a root stage and the stages computed
@@ -1461,10 +1495,12 @@ impl Lowering {
                 None => true,
                 Some(p) => st.reduces_outside(p),
             };
+            // A write-back that stores its first block's sums needs no fill.
+            let stored_first = st.cache_write.is_some() && self.stores_first_block(s);
             let fill = stage
                 .reduce
                 .as_ref()
-                .filter(|_| reduce_outside_acc)
+                .filter(|_| reduce_outside_acc && !stored_first)
                 .map(|r| r.op.identity(stage.dtype));
             let mut env = HashMap::new();
             self.shared_bytes = 0;
@@ -1479,7 +1515,7 @@ impl Lowering {
             .stages
             .iter()
             .zip(&self.forward)
-            .map(|(st, f)| st.attach != Attach::Inline && f.is_none())
+            .map(|(st, f)| st.attach != Attach::Inline && f.is_none_or(|f| f.partials))
             .collect();
         let fold = self.folds(&buffers, &nests);
         let mut program = Program {
@@ -1518,16 +1554,27 @@ impl Lowering {
         if !lp.reduce && self.stages[s].cache_write.is_some_and(|p| pos > p) {
             acc.push((var, lp.kind.acc_row(extent)));
         }
-        let mut inner = self.emit_loops(s, pos + 1, env, acc)?;
+        // The reduce loops around a write-back: this one too, as the block is inside it.
+        if lp.reduce {
+            self.reduce_loops.push((s, var, extent));
+        }
+        let inner = self.emit_loops(s, pos + 1, env, acc).and_then(|inner| {
+            let inner = self.stage_shared(s, pos, inner)?;
+            Ok(if self.stages[s].cache_write == Some(pos) {
+                self.wrap_acc(s, pos, env, inner)
+            } else {
+                inner
+            })
+        });
+        if lp.reduce {
+            self.reduce_loops.pop();
+        }
         if !lp.reduce && self.stages[s].cache_write.is_some_and(|p| pos > p) {
             acc.pop();
         }
-        inner = self.stage_shared(s, pos, inner)?;
-        if self.stages[s].cache_write == Some(pos) {
-            inner = self.wrap_acc(s, pos, env, inner);
-        }
+        let mut inner = inner?;
         if let Some(consumers) = self.attached.get(&(s, pos)).cloned() {
-            let forwarded = self.forward.get(s).copied().flatten();
+            let forwarded = self.forward.get(s).copied().flatten().map(|f| f.consumer);
             for c in consumers.into_iter().filter(|&c| Some(c) != forwarded) {
                 if let (Attach::Within { .. }, Some(slid)) =
                     (&self.stages[c].attach, self.stages[c].slide)
@@ -1737,25 +1784,85 @@ impl Lowering {
         }];
         out.extend(inner);
         let forwarded = self.forward.get(s).copied().flatten();
-        out.extend(
-            self.emit_tile_loops(s, pos, env, &mut Vec::new(), &mut |lw, env, tile| {
-                let axes = lw.axis_values(s, env);
-                let n = lw.graph.stages[s].n_spatial();
-                let dest = axes[..n].to_vec();
-                let epilogue = forwarded.map(|c| crate::loop_ir::Epilogue {
-                    stage: c,
-                    value: substitute_axes(&lw.graph.stages[c].body, &dest),
-                });
-                Stmt::AccStore {
-                    index: tile_index(tile),
-                    stage: s,
-                    dest,
-                    combine,
-                    epilogue,
-                }
-            }),
-        );
+        let Some(combine) = combine.filter(|_| self.stores_first_block(s)) else {
+            let epilogue = forwarded.map(|f| f.consumer);
+            out.extend(self.write_back(s, pos, env, combine, epilogue));
+            return out;
+        };
+        // A split reduction (`Forward::partials`, or none forwarded): the reduce loops outside
+        // the block, entered on the way here, numbered as one block index. The first block
+        // stores its sums (the buffer needs no fill), the middle ones add theirs, and the last
+        // computes the forwarded consumer, if any, from the stored sums plus its own.
+        let outer: Vec<(usize, usize)> = self
+            .reduce_loops
+            .iter()
+            .filter(|r| r.0 == s)
+            .map(|&(_, var, extent)| (var, extent))
+            .collect();
+        let blocks = outer.iter().fold(1usize, |n, r| n.saturating_mul(r.1));
+        let block = tile_index(&outer);
+        let at = |i: usize| block.clone().cmp(CmpOp::Eq, Expr::int(i as i64));
+        let last = blocks.saturating_sub(1);
+        let consumer = forwarded.map(|f| f.consumer);
+        if blocks <= 1 {
+            out.extend(self.write_back(s, pos, env, None, consumer));
+            return out;
+        }
+        let mut branch = |lw: &mut Self, cond: Expr, combine, epilogue| Stmt::If {
+            cond,
+            body: lw.write_back(s, pos, env, combine, epilogue),
+        };
+        out.push(branch(self, at(0), None, None));
+        if blocks > 2 {
+            let middle = block
+                .clone()
+                .cmp(CmpOp::Gt, Expr::int(0))
+                .and(block.clone().cmp(CmpOp::Lt, Expr::int(last as i64)));
+            out.push(branch(self, middle, Some(combine), None));
+        }
+        out.push(branch(self, at(last), Some(combine), consumer));
         out
+    }
+
+    /// Whether the write-back of stage `s`, whose reduction is split around its accumulator
+    /// block, stores the first block's sums instead of adding them to a pre-filled buffer (no
+    /// fill before the nest, no load in that block): on the CPU, where every iteration of the
+    /// reduce loops runs its write-back, that is, no split of a reduce axis overruns it (a
+    /// guarded last block could skip the one write-back that computes the epilogue).
+    fn stores_first_block(&self, s: usize) -> bool {
+        let st = &self.stages[s];
+        let n_spatial = self.graph.stages[s].n_spatial();
+        !st.loops.iter().any(|l| l.kind.is_gpu())
+            && !st.nodes.iter().any(|n| n.overrun && n.axis >= n_spatial)
+    }
+
+    /// The write-back loops of stage `s`'s accumulator block at loop `pos`: each element
+    /// stored (or combined with the stored value), or, with `epilogue`, that consumer
+    /// computed from it.
+    fn write_back(
+        &mut self,
+        s: usize,
+        pos: usize,
+        env: &mut HashMap<NodeId, usize>,
+        combine: Option<ReduceOp>,
+        epilogue: Option<usize>,
+    ) -> Vec<Stmt> {
+        self.emit_tile_loops(s, pos, env, &mut Vec::new(), &mut |lw, env, tile| {
+            let axes = lw.axis_values(s, env);
+            let n = lw.graph.stages[s].n_spatial();
+            let dest = axes[..n].to_vec();
+            let epilogue = epilogue.map(|c| crate::loop_ir::Epilogue {
+                stage: c,
+                value: substitute_axes(&lw.graph.stages[c].body, &dest),
+            });
+            Stmt::AccStore {
+                index: tile_index(tile),
+                stage: s,
+                dest,
+                combine,
+                epilogue,
+            }
+        })
     }
 
     /// Emits the spatial loops of stage `s` inside position `pos`, with fresh variables, around the

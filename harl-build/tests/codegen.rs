@@ -109,6 +109,13 @@ fn cases() -> Vec<Case> {
         // Weight panels over 1 MB: each reduction step prefetches the next panel's line
         // (`simd::stream_prefetches`; its address may lie past the buffer's end).
         weights(matmul(16, 512, 544, false), &[1]),
+        // Reductions split into blocks of 256 around the accumulator: the first block's sums
+        // stored, the middle ones added, the last one's bias, ReLU or GELU computed in its
+        // write-back from the stored sums plus its own (`Lowering::wrap_acc`); three blocks
+        // and two.
+        dense_bias_gelu(4, 768, 32),
+        w::dense_bias_relu(3, 768, 48).expect("dense"),
+        weights(w::dense_bias_relu(4, 512, 40).expect("dense"), &[1, 2]),
     ];
     let mut out = Vec::new();
     for (gi, g) in graphs.iter().enumerate() {

@@ -656,6 +656,77 @@ fn an_epilogue_at_the_accumulator_is_computed_in_its_write_back() {
     check(&g, &s, 6);
 }
 
+/// Whether some write-back in `stmts` stores its block's sums without combining them with
+/// the stored ones.
+fn stores_plainly(stmts: &[harl_build::loop_ir::Stmt]) -> bool {
+    stmts.iter().any(|s| {
+        matches!(
+            s,
+            harl_build::loop_ir::Stmt::AccStore {
+                combine: None,
+                epilogue: None,
+                ..
+            }
+        ) || stores_plainly(s.body())
+    })
+}
+
+#[test]
+fn a_split_reductions_epilogue_is_computed_in_its_last_blocks_write_back() {
+    // BERT's FFN layer in small: the default splits its 768-long reduction into three blocks
+    // around the accumulator and attaches bias + GELU outside them. The first block stores its
+    // sums (no fill), the last computes the GELU from the stored sums plus its own, and no
+    // pass of its own reads the matmul back.
+    let g = dense_bias_gelu(4, 768, 32);
+    let s = default_schedule(&g, &CpuTarget::host());
+    let p = lower(&g, &s).expect("legal");
+    assert!(p.has_buffer[0], "the partial sums are kept");
+    assert!(p.nests.iter().all(|n| n.fill.is_none()), "{:?}", s.steps);
+    assert!(p.nests.iter().any(|n| has_forwarded_epilogue(&n.body)));
+    assert!(p.nests.iter().any(|n| stores_plainly(&n.body)));
+    check(&g, &s, 8);
+    // A ReLU attached outside the blocks at the row loop: the same write-backs for five
+    // blocks, two, one (the ReLU computed from the accumulator alone) and ten. Blocks that do
+    // not divide the reduction (10 = 4 + 4 + 2) keep the pre-filled buffer and the pass of
+    // their own: a guard could skip a last block's write-back.
+    let g = matmul(3, 10, 8, true);
+    let blocks = |factor: usize| Schedule {
+        steps: vec![
+            Step::Split {
+                stage: 0,
+                at: 2,
+                factors: vec![factor],
+            },
+            Step::Reorder {
+                stage: 0,
+                order: vec![0, 2, 1, 3],
+            },
+            Step::CacheWrite { stage: 0, at: 1 },
+            Step::ComputeAt {
+                stage: 1,
+                target: 0,
+                at: 0,
+            },
+        ],
+    };
+    for factor in [2, 5, 10, 1, 4] {
+        let s = blocks(factor);
+        let p = lower(&g, &s).expect("legal");
+        assert!(p.has_buffer[0]);
+        assert_eq!(
+            p.nests.iter().any(|n| has_forwarded_epilogue(&n.body)),
+            factor != 4,
+            "blocks of {factor}"
+        );
+        assert_eq!(
+            p.nests.iter().any(|n| n.fill.is_some()),
+            factor == 4,
+            "blocks of {factor}"
+        );
+        check(&g, &s, 9);
+    }
+}
+
 #[test]
 fn an_epilogue_whose_producer_has_another_reader_reads_it_from_memory() {
     // mm is read by the attached ReLU and by a later stage: it keeps its buffer.

@@ -816,7 +816,7 @@ impl Cx<'_> {
                 index,
                 stage,
                 dest,
-                ..
+                combine,
             } => {
                 let i = self.idx(index);
                 let ptr = format!(
@@ -824,11 +824,22 @@ impl Cx<'_> {
                     e.stage,
                     self.flat(TensorRef::Stage(e.stage), dest)
                 );
+                let a = format!("*acc.get_unchecked(({i}) as usize)");
+                let a = match combine {
+                    None => a,
+                    Some(op) => {
+                        let stored = format!(
+                            "(*b.s{stage}.0.add({}))",
+                            self.flat(TensorRef::Stage(*stage), dest)
+                        );
+                        combine_str(*op, &stored, &a)
+                    }
+                };
                 self.forward = Some(*stage);
                 let v = self.value_as(&e.value, self.p.graph.stages[e.stage].dtype);
                 self.forward = None;
                 self.line(&format!(
-                    "{{ let __v = *acc.get_unchecked(({i}) as usize); let __p = {ptr}; *__p = {v}; }}"
+                    "{{ let __v = {a}; let __p = {ptr}; *__p = {v}; }}"
                 ));
             }
             Stmt::AccStore {

@@ -705,7 +705,7 @@ impl Cx<'_> {
                 index,
                 stage,
                 dest,
-                ..
+                combine,
             } => {
                 if self.p.graph.stages[self.stage].dtype != DType::F32
                     || coefficient(index, var)? != 1
@@ -716,6 +716,13 @@ impl Cx<'_> {
                 let ptr = self.vector_ptr(TensorRef::Stage(e.stage), dest, var)?;
                 let i = self.idx(index);
                 let a = w.whole().load(&format!("acc.as_ptr().add(({i}) as usize)"));
+                let a = match combine {
+                    None => a,
+                    Some(op) => {
+                        let stored = self.vector_ptr(TensorRef::Stage(*stage), dest, var)?;
+                        w.combine(*op, &w.load(&stored), &a)
+                    }
+                };
                 self.forward = Some(*stage);
                 let v = self.vector_expr(w, var, &e.value);
                 self.forward = None;

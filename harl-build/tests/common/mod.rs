@@ -262,3 +262,15 @@ fn conv3x3_bias_relu6(c: usize, hw: usize, f: usize, stride: usize, groups: usiz
     .expect("relu6");
     b.finish().expect("valid graph")
 }
+
+/// `gelu(x [m, k] @ w [k, n] + bias [n])` with `w` and `bias` as graph weights: BERT's FFN
+/// layer in small.
+pub fn dense_bias_gelu(m: usize, k: usize, n: usize) -> Graph {
+    use harl_te::ops::{self, Activation};
+    let mut b = GraphBuilder::new();
+    let x = b.input("x", &[m, k], DType::F32);
+    let w = b.weight("w", &[k, n], DType::F32);
+    let bias = b.weight("bias", &[n], DType::F32);
+    ops::dense(&mut b, x, w, Some(bias), Activation::Gelu).expect("dense");
+    b.finish().expect("valid dense graph")
+}
