@@ -17,7 +17,6 @@ use std::collections::{HashMap, HashSet};
 
 /// Largest accumulator block (elements) a cache-write step may ask for; keeps it on the stack.
 pub const MAX_ACC_ELEMS: usize = 4096;
-
 /// Largest loop a step may mark unrolled or vectorised.
 pub const MAX_UNROLL: usize = 512;
 /// Most threads a GPU block may have (every CUDA device since compute capability 2.0).
