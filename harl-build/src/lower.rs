@@ -1826,13 +1826,31 @@ impl Lowering {
     /// Whether the write-back of stage `s`, whose reduction is split around its accumulator
     /// block, stores the first block's sums instead of adding them to a pre-filled buffer (no
     /// fill before the nest, no load in that block): on the CPU, where every iteration of the
-    /// reduce loops runs its write-back, that is, no split of a reduce axis overruns it (a
-    /// guarded last block could skip the one write-back that computes the epilogue).
+    /// reduce loops runs the write-back. A split of a reduce axis that overruns it is guarded
+    /// at the loop binding the last of its parts ([`Lowering::guard`]); that guard must lie
+    /// inside the block (`k.o` outside, `k.i` guarded inside), or it could skip a first
+    /// block's store or the last block's epilogue.
     fn stores_first_block(&self, s: usize) -> bool {
         let st = &self.stages[s];
+        let Some(pos) = st.cache_write else {
+            return false;
+        };
         let n_spatial = self.graph.stages[s].n_spatial();
+        let loop_of = |leaf: NodeId| st.loops.iter().position(|l| l.parts.contains(&leaf));
+        let guard_inside = |id: NodeId| {
+            let mut leaves = Vec::new();
+            st.leaves(id, &mut leaves);
+            leaves
+                .into_iter()
+                .map(loop_of)
+                .max()
+                .flatten()
+                .is_some_and(|at| at > pos)
+        };
         !st.loops.iter().any(|l| l.kind.is_gpu())
-            && !st.nodes.iter().any(|n| n.overrun && n.axis >= n_spatial)
+            && (0..st.nodes.len())
+                .filter(|&id| st.nodes[id].overrun && st.nodes[id].axis >= n_spatial)
+                .all(guard_inside)
     }
 
     /// The write-back loops of stage `s`'s accumulator block at loop `pos`: each element

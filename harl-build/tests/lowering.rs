@@ -686,9 +686,8 @@ fn a_split_reductions_epilogue_is_computed_in_its_last_blocks_write_back() {
     assert!(p.nests.iter().any(|n| stores_plainly(&n.body)));
     check(&g, &s, 8);
     // A ReLU attached outside the blocks at the row loop: the same write-backs for five
-    // blocks, two, one (the ReLU computed from the accumulator alone) and ten. Blocks that do
-    // not divide the reduction (10 = 4 + 4 + 2) keep the pre-filled buffer and the pass of
-    // their own: a guard could skip a last block's write-back.
+    // blocks, two, one (the ReLU computed from the accumulator alone), ten, and blocks that do
+    // not divide the reduction (10 = 4 + 4 + 2: the last block's guard is inside it).
     let g = matmul(3, 10, 8, true);
     let blocks = |factor: usize| Schedule {
         steps: vec![
@@ -709,22 +708,43 @@ fn a_split_reductions_epilogue_is_computed_in_its_last_blocks_write_back() {
             },
         ],
     };
-    for factor in [2, 5, 10, 1, 4] {
+    for factor in [2, 5, 10, 1, 4, 3] {
         let s = blocks(factor);
         let p = lower(&g, &s).expect("legal");
         assert!(p.has_buffer[0]);
-        assert_eq!(
+        assert!(
             p.nests.iter().any(|n| has_forwarded_epilogue(&n.body)),
-            factor != 4,
             "blocks of {factor}"
         );
-        assert_eq!(
-            p.nests.iter().any(|n| n.fill.is_some()),
-            factor == 4,
+        assert!(
+            p.nests.iter().all(|n| n.fill.is_none()),
             "blocks of {factor}"
         );
         check(&g, &s, 9);
     }
+    // The two parts of an overrunning split fused into one loop around the block: its guard
+    // wraps the write-back, which the last iteration skips. So the buffer is pre-filled and
+    // the ReLU has its own pass.
+    let fused = Schedule {
+        steps: vec![
+            Step::Split {
+                stage: 0,
+                at: 2,
+                factors: vec![4],
+            },
+            Step::Fuse { stage: 0, at: 2 },
+            Step::CacheWrite { stage: 0, at: 2 },
+            Step::ComputeAt {
+                stage: 1,
+                target: 0,
+                at: 0,
+            },
+        ],
+    };
+    let p = lower(&g, &fused).expect("legal");
+    assert!(!p.nests.iter().any(|n| has_forwarded_epilogue(&n.body)));
+    assert!(p.nests.iter().any(|n| n.fill.is_some()));
+    check(&g, &fused, 10);
 }
 
 #[test]
