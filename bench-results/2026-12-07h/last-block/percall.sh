@@ -2,7 +2,7 @@
 # percall.sh NET T N : per-task sums (ms) for old/new binaries, medians over N alternated runs
 NET=$1; T=$2; N=$3; W=target/e2e-bench/work-$NET
 for i in $(seq 1 $N); do for v in old new; do
-  ${BINS:-/tmp/bins}/$v-$NET $W/input.bin ${TMPDIR:-/tmp}/o.bin $T | awk -v v=$v -v i=$i '/^CALL/{split($3,a,":"); s[a[1]]+=$2} END {for (k in s) print v, i, k, s[k]*1e3}'
+  ${BINS:?BINS: the directory holding old-NET and new-NET}/$v-$NET $W/input.bin ${TMPDIR:-/tmp}/o.bin $T | awk -v v=$v -v i=$i '/^CALL/{split($3,a,":"); s[a[1]]+=$2} END {for (k in s) print v, i, k, s[k]*1e3}'
 done; done > ${TMPDIR:-/tmp}/percall-$NET.txt
 python3 - "$NET" <<'PY'
 import os,sys,collections,statistics
