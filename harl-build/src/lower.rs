@@ -1825,7 +1825,8 @@ impl Lowering {
 
     /// Whether the write-back of stage `s`, whose reduction is split around its accumulator
     /// block, stores the first block's sums instead of adding them to a pre-filled buffer (no
-    /// fill before the nest, no load in that block): on the CPU, where every iteration of the
+    /// fill before the nest, no load in that block): in a program with no GPU loop in any
+    /// stage (a GPU schedule may bind another stage than `s`), where every iteration of the
     /// reduce loops runs the write-back. A split of a reduce axis that overruns it is guarded
     /// at the loop binding the last of its parts ([`Lowering::guard`]); that guard must lie
     /// inside the block (`k.o` outside, `k.i` guarded inside), or it could skip a first
@@ -1847,10 +1848,16 @@ impl Lowering {
                 .flatten()
                 .is_some_and(|at| at > pos)
         };
-        !st.loops.iter().any(|l| l.kind.is_gpu())
-            && (0..st.nodes.len())
-                .filter(|&id| st.nodes[id].overrun && st.nodes[id].axis >= n_spatial)
-                .all(guard_inside)
+        // A GPU program keeps the pre-filled buffer everywhere: its codegen combines only in
+        // write-backs without an epilogue.
+        let gpu = self
+            .stages
+            .iter()
+            .flat_map(|t| &t.loops)
+            .any(|l| l.kind.is_gpu());
+        !gpu && (0..st.nodes.len())
+            .filter(|&id| st.nodes[id].overrun && st.nodes[id].axis >= n_spatial)
+            .all(guard_inside)
     }
 
     /// The write-back loops of stage `s`'s accumulator block at loop `pos`: each element
