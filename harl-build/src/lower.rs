@@ -146,7 +146,7 @@ impl StageState {
 
     /// Whether a reduce loop encloses the accumulator at `pos`: then the write-back of each
     /// block combines with the partial sums stored by the earlier ones (the first block
-    /// stores, [`Lowering::stores_first_block`]; else the output is pre-filled with the
+    /// stores, `Lowering::first_store`; else the output is pre-filled with the
     /// reduction's identity).
     fn reduces_outside(&self, pos: usize) -> bool {
         self.loops[..=pos].iter().any(|l| l.reduce)
@@ -202,6 +202,9 @@ struct Lowering {
     /// ([`Lowering::forwarded_epilogue`]); the stage then has no buffer, unless its
     /// reduction is split around the accumulator block (`Forward::partials`).
     forward: Vec<Option<Forward>>,
+    /// Per stage: whether a write-back of its split reduction stores the first block's sums
+    /// instead of adding them to a pre-filled buffer ([`Lowering::first_stores`]).
+    first_store: Vec<bool>,
     /// While emitting a nest: the reduce loops entered so far, as (stage, variable, extent).
     reduce_loops: Vec<(usize, usize, usize)>,
 }
@@ -277,6 +280,7 @@ pub fn lower(graph: &Graph, schedule: &Schedule) -> Result<Program, ScheduleErro
         shared_bytes: 0,
         added: 0,
         forward: vec![],
+        first_store: vec![],
         reduce_loops: vec![],
     };
     for (index, step) in schedule.steps.iter().enumerate() {
@@ -1404,7 +1408,7 @@ impl Lowering {
         if partials
             && (self.graph.stages[*c].shape != self.graph.stages[s].shape
                 || self.attached.keys().any(|&(t, _)| t == *c)
-                || !self.stores_first_block(s))
+                || !self.first_store[s])
         {
             return None;
         }
@@ -1480,6 +1484,7 @@ impl Lowering {
     }
 
     fn emit(mut self) -> Result<Program, (usize, String)> {
+        self.first_store = self.first_stores();
         self.forward = (0..self.graph.stages.len())
             .map(|s| self.forwarded_epilogue(s))
             .collect();
@@ -1495,11 +1500,10 @@ impl Lowering {
                 Some(p) => st.reduces_outside(p),
             };
             // A write-back that stores its first block's sums needs no fill.
-            let stored_first = st.cache_write.is_some() && self.stores_first_block(s);
             let fill = stage
                 .reduce
                 .as_ref()
-                .filter(|_| reduce_outside_acc && !stored_first)
+                .filter(|_| reduce_outside_acc && !self.first_store[s])
                 .map(|r| r.op.identity(stage.dtype));
             let mut env = HashMap::new();
             self.shared_bytes = 0;
@@ -1783,7 +1787,7 @@ impl Lowering {
         }];
         out.extend(inner);
         let forwarded = self.forward.get(s).copied().flatten();
-        let Some(combine) = combine.filter(|_| self.stores_first_block(s)) else {
+        let Some(combine) = combine.filter(|_| self.first_store[s]) else {
             let epilogue = forwarded.map(|f| f.consumer);
             out.extend(self.write_back(s, pos, env, combine, epilogue));
             return out;
@@ -1823,15 +1827,29 @@ impl Lowering {
         out
     }
 
-    /// Whether the write-back of stage `s`, whose reduction is split around its accumulator
+    /// Per stage, whether the write-back of its reduction, where split around its accumulator
     /// block, stores the first block's sums instead of adding them to a pre-filled buffer (no
-    /// fill before the nest, no load in that block): in a program with no GPU loop in any
-    /// stage (a GPU schedule may bind another stage than `s`), where every iteration of the
-    /// reduce loops runs the write-back. A split of a reduce axis that overruns it is guarded
-    /// at the loop binding the last of its parts ([`Lowering::guard`]); that guard must lie
-    /// inside the block (`k.o` outside, `k.i` guarded inside), or it could skip a first
-    /// block's store or the last block's epilogue.
-    fn stores_first_block(&self, s: usize) -> bool {
+    /// fill before the nest, no load in that block). Never in a program with a GPU loop in any
+    /// stage (a GPU schedule may bind another stage than the reduction; the CUDA codegen
+    /// combines only in write-backs without an epilogue). Elsewhere for a stage with an
+    /// accumulator block whose every reduce-loop iteration runs the write-back: a split of a
+    /// reduce axis that overruns it is guarded at the loop binding the last of its parts
+    /// ([`Lowering::guard`]), and that guard must lie inside the block (`k.o` outside, `k.i`
+    /// guarded inside), or it could skip a first block's store or the last block's epilogue.
+    fn first_stores(&self) -> Vec<bool> {
+        let gpu = self
+            .stages
+            .iter()
+            .flat_map(|t| &t.loops)
+            .any(|l| l.kind.is_gpu());
+        (0..self.stages.len())
+            .map(|s| !gpu && self.reduce_guards_inside_block(s))
+            .collect()
+    }
+
+    /// Whether stage `s` has an accumulator block and every guard of its reduce axes' splits
+    /// lies inside it (see [`Lowering::first_stores`]).
+    fn reduce_guards_inside_block(&self, s: usize) -> bool {
         let st = &self.stages[s];
         let Some(pos) = st.cache_write else {
             return false;
@@ -1848,14 +1866,7 @@ impl Lowering {
                 .flatten()
                 .is_some_and(|at| at > pos)
         };
-        // A GPU program keeps the pre-filled buffer everywhere: its codegen combines only in
-        // write-backs without an epilogue.
-        let gpu = self
-            .stages
-            .iter()
-            .flat_map(|t| &t.loops)
-            .any(|l| l.kind.is_gpu());
-        !gpu && (0..st.nodes.len())
+        (0..st.nodes.len())
             .filter(|&id| st.nodes[id].overrun && st.nodes[id].axis >= n_spatial)
             .all(guard_inside)
     }
